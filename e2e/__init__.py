@@ -1,0 +1,1 @@
+"""Local control plane, process bridge, end-to-end scenarios and benchmarks."""

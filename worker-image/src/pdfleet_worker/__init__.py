@@ -1,0 +1,1 @@
+"""The pdfleet worker agent (launcher, drain hooks) and the vLLM-faithful simulator."""
