@@ -153,3 +153,28 @@ def test_frozen_and_vllm_defaults() -> None:
     custom = dataclasses.replace(m, name="tiny", kv_capacity_tokens=1024)
     assert isinstance(custom, PerfModel)
     assert custom.kv_capacity_blocks == 64
+
+
+def test_step_pure_prefill_equals_single_pass() -> None:
+    m = preset("llama-3.1-8b-h200")
+    assert m.step_seconds([(3000, 0)], 0, 0.0) == pytest.approx(m.prefill_seconds(3000))
+    assert m.step_seconds([], 0, 0.0) == 0.0
+
+
+def test_step_chunked_attention_adds_up_to_single_pass() -> None:
+    # Two chunks of 4096 of one 8192 prompt: the quadratic terms sum to c*8192^2.
+    m = preset("llama-3.1-8b-h200")
+    two = m.step_seconds([(4096, 0)], 0, 0.0) + m.step_seconds([(4096, 4096)], 0, 0.0)
+    one = m.prefill_seconds(8192)
+    assert two - one == pytest.approx(m.prefill_a_ms / 1e3)
+
+
+def test_step_pure_decode_and_mixed() -> None:
+    m = preset("llama-3.1-8b-h200")
+    assert m.step_seconds([], 8, 1000.0) == pytest.approx(m.decode_step_seconds(8, 1000.0))
+    share = m.decode_step_seconds(8, 1000.0) - m.decode_d0_ms / 1e3
+    # A big chunk dominates the weight read; a tiny one does not.
+    assert m.step_seconds([(4000, 0)], 8, 1000.0) == pytest.approx(
+        m.prefill_seconds(4000) + share
+    )
+    assert m.step_seconds([(1, 0)], 8, 1000.0) == pytest.approx(m.decode_step_seconds(8, 1000.0))

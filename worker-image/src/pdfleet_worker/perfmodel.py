@@ -13,6 +13,7 @@ Coefficients are least-squares fits to aiconfigurator per-op predictions for vLL
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # Some prefill fits have a negative intercept (70B H200 TP4: a = -3.31 ms); a forward pass
@@ -60,6 +61,35 @@ class PerfModel:
         ctx = max(0.0, mean_context)
         ms = self.decode_d0_ms + self.decode_d1_ms * b + self.decode_d2_ms * b * ctx
         return ms * _MS
+
+    def step_seconds(
+        self,
+        prefill_chunks: Sequence[tuple[int, int]],
+        decode_batch: int,
+        decode_mean_context: float,
+    ) -> float:
+        """Time of one mixed engine step (chunked prefill plus the running decode batch).
+
+        `prefill_chunks` holds (new tokens, tokens already computed) per prefilling request.
+        A chunk of l new tokens after p cached ones costs c*l*(2p + l) of attention, so
+        chunks of one prompt add up to exactly the single-pass c*n^2. Decode tokens ride in
+        the same forward pass: the weights are read once, so the decode intercept d0 only
+        sets a floor, and each decode sequence adds its d1 + d2*ctx share.
+        """
+        new = sum(max(0, n) for n, _ in prefill_chunks)
+        if decode_batch <= 0:
+            if new == 0:
+                return 0.0
+            attention = sum(max(0, n) * (2 * max(0, p) + max(0, n)) for n, p in prefill_chunks)
+            ms = self.prefill_a_ms + self.prefill_b_ms * new + self.prefill_c_ms * attention
+            return max(ms, _MIN_PREFILL_MS) * _MS
+        decode_share = self.decode_step_seconds(decode_batch, decode_mean_context) - (
+            self.decode_d0_ms * _MS
+        )
+        if new == 0:
+            return self.decode_d0_ms * _MS + decode_share
+        prefill = self.step_seconds(prefill_chunks, 0, 0.0)
+        return max(prefill, self.decode_d0_ms * _MS) + decode_share
 
     def kv_transfer_seconds(
         self, tokens: int, bandwidth_bytes_per_s: float, latency_s: float = 1e-5
