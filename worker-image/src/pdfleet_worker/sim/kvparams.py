@@ -1,0 +1,118 @@
+"""The NixlConnector `kv_transfer_params` protocol of vLLM 0.33 (pull mode), as pure functions.
+
+Where it fits: the simulator's request handlers use these to decide whether a request is the
+prefill half (`do_remote_decode`), a decode half that may pull KV from a prefill worker
+(`do_remote_prefill` with complete params) or a plain request, and to build the exact params a
+0.33 prefill worker returns. Field names and validity rules follow
+distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# A decode request uses the remote KV only if all of these are present (0.33 pull scheduler).
+REQUIRED_DECODE_FIELDS = (
+    "remote_engine_id",
+    "remote_request_id",
+    "remote_host",
+    "remote_port",
+    "tp_size",
+)
+
+
+@dataclass(frozen=True)
+class RemotePrefill:
+    """Where a decode request finds its prompt's KV blocks."""
+
+    engine_id: str
+    request_id: str
+    host: str
+    port: int
+    block_ids: tuple[int, ...]
+    num_tokens: int | None
+
+
+def wants_remote_decode(params: Any) -> bool:
+    """True for the prefill half of a P/D request (the proxy's first call)."""
+    return isinstance(params, dict) and bool(params.get("do_remote_decode"))
+
+
+def parse_remote_prefill(params: Any) -> tuple[RemotePrefill | None, str | None]:
+    """(remote, None) when a decode request may pull KV; (None, why) when it must recompute.
+
+    `why` is None when no transfer was asked for at all (a plain request).
+    """
+    if not isinstance(params, dict) or not params.get("do_remote_prefill"):
+        return None, None
+    missing = [f for f in REQUIRED_DECODE_FIELDS if params.get(f) is None]
+    if missing:
+        return None, f"missing {', '.join(missing)}"
+    blocks = params.get("remote_block_ids")
+    flat = _flatten_block_ids(blocks)
+    if flat is None or not flat:
+        return None, "remote_block_ids empty or malformed"
+    try:
+        port = int(params["remote_port"])
+    except (TypeError, ValueError):
+        return None, "remote_port is not an integer"
+    num = params.get("remote_num_tokens")
+    return (
+        RemotePrefill(
+            engine_id=str(params["remote_engine_id"]),
+            request_id=str(params["remote_request_id"]),
+            host=str(params["remote_host"]),
+            port=port,
+            block_ids=tuple(flat),
+            num_tokens=int(num) if isinstance(num, int) else None,
+        ),
+        None,
+    )
+
+
+def _flatten_block_ids(blocks: Any) -> list[int] | None:
+    # 0.20+: one list per KV-cache group ([[1, 2, 3]]); 0.11 sent a flat list.
+    if not isinstance(blocks, list):
+        return None
+    out: list[int] = []
+    for b in blocks:
+        if isinstance(b, list):
+            if not all(isinstance(i, int) for i in b):
+                return None
+            out.extend(b)
+        elif isinstance(b, int):
+            out.append(b)
+        else:
+            return None
+    return out
+
+
+def prefill_response_params(
+    *,
+    block_ids: list[int],
+    engine_id: str,
+    request_id: str,
+    host: str,
+    port: int,
+    tp_size: int,
+    num_tokens: int,
+    registration_generation: int = 1,
+) -> dict[str, Any]:
+    """The `kv_transfer_params` a 0.33 NixlConnector prefill worker returns (pull mode)."""
+    return {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_block_ids": [list(block_ids)],
+        "remote_engine_id": engine_id,
+        "remote_request_id": request_id,
+        "remote_host": host,
+        "remote_port": port,
+        "tp_size": tp_size,
+        "dcp_size": 1,
+        "pp_size": 1,
+        "remote_num_tokens": num_tokens,
+        "remote_blocks_expiry_time": None,
+        "remote_registration_generation": registration_generation,
+        "transfer_mode": "pull",
+    }

@@ -1,0 +1,162 @@
+"""OpenAI-compatible request parsing and response bodies, shaped like vLLM 0.33's.
+
+Where it fits: pure helpers for the simulator's /v1/completions and /v1/chat/completions
+handlers (server.py): what a request asks for, and the JSON objects and SSE chunks vLLM
+sends back (ids, `usage`, top-level `kv_transfer_params`, `[DONE]`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pdfleet_worker.sim.tokens import count_chat_tokens, count_prompt_tokens
+
+Kind = Literal["completion", "chat"]
+# vLLM's CompletionRequest default; chat has none (the model stops at EOS).
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
+class BadRequestError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What one OpenAI request asks of the engine."""
+
+    kind: Kind
+    model: str
+    prompt_tokens: int
+    max_tokens: int
+    limit_reason: str  # finish_reason when max_tokens is reached
+    stream: bool
+    include_usage: bool
+    kv_transfer_params: Any
+
+
+def parse_request(kind: Kind, body: Any, default_output_tokens: int) -> Ask:
+    if not isinstance(body, dict):
+        raise BadRequestError("request body must be a JSON object")
+    kvp = body.get("kv_transfer_params")
+    try:
+        if kind == "completion":
+            if "prompt" not in body:
+                raise BadRequestError("field 'prompt' is required")
+            prompt_tokens = count_prompt_tokens(body["prompt"])
+        else:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise BadRequestError("field 'messages' must be a non-empty list")
+            forwarded = kvp.get("prompt_token_ids") if isinstance(kvp, dict) else None
+            if isinstance(forwarded, list) and forwarded:
+                prompt_tokens = len(forwarded)
+            else:
+                prompt_tokens = count_chat_tokens(messages)
+    except ValueError as err:
+        raise BadRequestError(str(err)) from err
+    cap = body.get("max_completion_tokens") if kind == "chat" else None
+    if cap is None:
+        cap = body.get("max_tokens")
+    if cap is None and kind == "completion":
+        cap = COMPLETIONS_DEFAULT_MAX_TOKENS
+    if cap is None:
+        max_tokens, reason = default_output_tokens, "stop"
+    else:
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+            raise BadRequestError("max_tokens must be a positive integer")
+        max_tokens, reason = cap, "length"
+    if body.get("n", 1) != 1:
+        raise BadRequestError("only n=1 is supported by the simulator")
+    opts = body.get("stream_options")
+    return Ask(
+        kind=kind,
+        model=str(body.get("model", "")),
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        limit_reason=reason,
+        stream=bool(body.get("stream", False)),
+        include_usage=isinstance(opts, dict) and bool(opts.get("include_usage")),
+        kv_transfer_params=kvp,
+    )
+
+
+def error_body(message: str, status: int) -> dict[str, Any]:
+    kinds = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError",
+             503: "ServiceUnavailableError"}
+    return {"error": {"message": message, "type": kinds.get(status, "Error"), "param": None,
+                      "code": status}}
+
+
+def usage(prompt: int, completion: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+            "completion_tokens": completion, "prompt_tokens_details": None}
+
+
+def _choice(kind: Kind, text: str, finish: str | None, stream: bool, first: bool) -> Any:
+    if kind == "completion":
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                "stop_reason": None, **({} if stream else {"prompt_logprobs": None})}
+    if stream:
+        delta: dict[str, Any] = {"content": text}
+        if first:
+            delta = {"role": "assistant", "content": text}
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
+                "stop_reason": None}
+    return {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None,
+                                    "tool_calls": [], "reasoning_content": None},
+            "logprobs": None, "finish_reason": finish, "stop_reason": None}
+
+
+def full_response(
+    kind: Kind, response_id: str, model: str, text: str, finish: str,
+    prompt: int, completion: int, kv_transfer_params: dict[str, Any] | None,
+) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "text_completion" if kind == "completion" else "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [_choice(kind, text, finish, stream=False, first=True)],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": usage(prompt, completion),
+        "prompt_logprobs": None,
+        "kv_transfer_params": kv_transfer_params,
+    }
+
+
+def chunk(
+    kind: Kind, response_id: str, model: str, created: int, text: str,
+    finish: str | None = None, first: bool = False,
+    kv_transfer_params: dict[str, Any] | None = None,
+) -> bytes:
+    body: dict[str, Any] = {
+        "id": response_id,
+        "object": "text_completion" if kind == "completion" else "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [_choice(kind, text, finish, stream=True, first=first)],
+    }
+    if kv_transfer_params is not None:
+        body["kv_transfer_params"] = kv_transfer_params
+    return sse(body)
+
+
+def usage_chunk(
+    kind: Kind, response_id: str, model: str, created: int, prompt: int, completion: int
+) -> bytes:
+    return sse({
+        "id": response_id,
+        "object": "text_completion" if kind == "completion" else "chat.completion.chunk",
+        "created": created, "model": model, "choices": [], "usage": usage(prompt, completion),
+    })
+
+
+def sse(obj: Any) -> bytes:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+
+
+DONE = b"data: [DONE]\n\n"
