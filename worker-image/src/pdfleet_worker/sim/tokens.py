@@ -14,7 +14,7 @@ from typing import Any
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 # Chat templates wrap each message in role markers; Llama 3's costs about this many tokens.
 CHAT_TOKENS_PER_MESSAGE = 4
-_WORDS = ("the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog", ".")
+_WORDS = (" the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog", " and")
 
 
 def count_text_tokens(text: str) -> int:
@@ -55,5 +55,5 @@ def count_chat_tokens(messages: Sequence[Any]) -> int:
 
 
 def token_text(index: int) -> str:
-    """The text of the index-th generated token (deterministic, one word per token)."""
+    """The text of the index-th generated token: one space-led word per token."""
     return _WORDS[index % len(_WORDS)]
