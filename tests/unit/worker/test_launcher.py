@@ -1,0 +1,123 @@
+"""Table tests of the PDFLEET_* env contract -> vLLM 0.33 command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pdfleet_worker.launcher import (
+    LaunchConfigError,
+    build_vllm_command,
+    build_vllm_env,
+    side_channel_ports,
+)
+
+BASE = {"PDFLEET_ROLE": "prefill", "PDFLEET_MODEL": "/models/llama", "PDFLEET_POD_IP": "10.0.0.7"}
+
+
+def _ktc(argv: list[str]) -> dict[str, object]:
+    value: dict[str, object] = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    return value
+
+
+def test_prefill_defaults() -> None:
+    argv = build_vllm_command(BASE)
+    assert argv == [
+        "vllm", "serve", "/models/llama", "--host", "0.0.0.0", "--port", "8000",
+        "--tensor-parallel-size", "1", "--data-parallel-size", "1",
+        "--kv-transfer-config",
+        '{"kv_connector":"NixlConnector","kv_role":"kv_producer",'
+        '"kv_load_failure_policy":"fail","kv_connector_extra_config":{"backends":["UCX"]}}',
+        "--shutdown-timeout", "60",
+    ]
+    assert build_vllm_env(BASE) == {
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.7", "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600",
+    }
+
+
+@pytest.mark.parametrize(
+    ("extra", "flag", "value"),
+    [
+        ({"PDFLEET_TP": "4"}, "--tensor-parallel-size", "4"),
+        ({"PDFLEET_DP": "2"}, "--data-parallel-size", "2"),
+        ({"PDFLEET_PORT": "8200"}, "--port", "8200"),
+        ({"PDFLEET_SHUTDOWN_TIMEOUT": "240"}, "--shutdown-timeout", "240"),
+        ({"PDFLEET_SERVED_MODEL_NAME": "llama-8b"}, "--served-model-name", "llama-8b"),
+        ({"PDFLEET_BLOCK_SIZE": "128"}, "--block-size", "128"),
+        ({"PDFLEET_MAX_MODEL_LEN": "32768"}, "--max-model-len", "32768"),
+        ({"PDFLEET_GPU_MEMORY_UTILIZATION": "0.85"}, "--gpu-memory-utilization", "0.85"),
+        ({"PDFLEET_HOST": "10.0.0.7"}, "--host", "10.0.0.7"),
+    ],
+)
+def test_flags(extra: dict[str, str], flag: str, value: str) -> None:
+    argv = build_vllm_command({**BASE, **extra})
+    assert argv[argv.index(flag) + 1] == value
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ({"PDFLEET_ROLE": "decode"}, {"kv_role": "kv_consumer"}),
+        ({"PDFLEET_KV_ROLE": "kv_both"}, {"kv_role": "kv_both"}),
+        ({"PDFLEET_KV_BACKENDS": "UCX, LIBFABRIC"},
+         {"kv_connector_extra_config": {"backends": ["UCX", "LIBFABRIC"]}}),
+        ({"PDFLEET_KV_BUFFER_DEVICE": "cpu"}, {"kv_buffer_device": "cpu"}),
+        ({"PDFLEET_KV_LOAD_FAILURE_POLICY": "recompute"}, {"kv_load_failure_policy": "recompute"}),
+        ({"PDFLEET_KV_CONNECTOR": "NixlPushConnector"}, {"kv_connector": "NixlPushConnector"}),
+    ],
+)
+def test_kv_transfer_config(extra: dict[str, str], expected: dict[str, object]) -> None:
+    ktc = _ktc(build_vllm_command({**BASE, **extra}))
+    for key, value in expected.items():
+        assert ktc[key] == value
+
+
+def test_no_connector_means_no_kv_flags_and_no_pod_ip_needed() -> None:
+    env = {"PDFLEET_ROLE": "decode", "PDFLEET_MODEL": "m", "PDFLEET_KV_CONNECTOR": "none"}
+    assert "--kv-transfer-config" not in build_vllm_command(env)
+    assert build_vllm_env(env) == {}
+
+
+def test_extra_args_appended_last() -> None:
+    env = {**BASE, "PDFLEET_EXTRA_ARGS": json.dumps(["--enable-prefix-caching", "--seed", "1"])}
+    assert build_vllm_command(env)[-3:] == ["--enable-prefix-caching", "--seed", "1"]
+
+
+def test_sim_engine() -> None:
+    env = {**BASE, "PDFLEET_ENGINE": "sim", "PDFLEET_SIM_PRESET": "llama-3.1-8b-h100",
+           "PDFLEET_SIM_TIME_SCALE": "0.1"}
+    argv = build_vllm_command(env)
+    assert argv[:2] == ["pdfleet-sim", "/models/llama"]
+    assert argv[argv.index("--preset") + 1] == "llama-3.1-8b-h100"
+    assert argv[argv.index("--time-scale") + 1] == "0.1"
+
+
+def test_side_channel_ports_per_dp_rank() -> None:
+    env = {**BASE, "PDFLEET_DP": "3", "PDFLEET_SIDE_CHANNEL_PORT": "5700"}
+    assert side_channel_ports(env) == [5700, 5701, 5702]
+
+
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [
+        ({"PDFLEET_MODEL": "m"}, "PDFLEET_ROLE"),
+        ({**BASE, "PDFLEET_ROLE": "router"}, "PDFLEET_ROLE"),
+        ({"PDFLEET_ROLE": "decode"}, "PDFLEET_MODEL"),
+        ({**BASE, "PDFLEET_POD_IP": ""}, "PDFLEET_POD_IP"),
+        ({**BASE, "PDFLEET_POD_IP": "localhost"}, "PDFLEET_POD_IP"),
+        ({**BASE, "PDFLEET_POD_IP": "0.0.0.0"}, "PDFLEET_POD_IP"),
+        ({**BASE, "PDFLEET_TP": "zero"}, "PDFLEET_TP"),
+        ({**BASE, "PDFLEET_TP": "0"}, "PDFLEET_TP"),
+        ({**BASE, "PDFLEET_SHUTDOWN_TIMEOUT": "-1"}, "PDFLEET_SHUTDOWN_TIMEOUT"),
+        ({**BASE, "PDFLEET_EXTRA_ARGS": "--foo"}, "PDFLEET_EXTRA_ARGS"),
+        ({**BASE, "PDFLEET_EXTRA_ARGS": '{"a": 1}'}, "PDFLEET_EXTRA_ARGS"),
+        ({**BASE, "PDFLEET_EXTRA_ARGS": "[1]"}, "PDFLEET_EXTRA_ARGS"),
+        ({**BASE, "PDFLEET_KV_ROLE": "both"}, "PDFLEET_KV_ROLE"),
+        ({**BASE, "PDFLEET_KV_LOAD_FAILURE_POLICY": "retry"}, "PDFLEET_KV_LOAD_FAILURE_POLICY"),
+        ({**BASE, "PDFLEET_ENGINE": "sglang"}, "PDFLEET_ENGINE"),
+    ],
+)
+def test_bad_env_names_the_variable(env: dict[str, str], match: str) -> None:
+    with pytest.raises(LaunchConfigError, match=match):
+        build_vllm_command(env)

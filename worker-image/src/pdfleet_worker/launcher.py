@@ -1,0 +1,193 @@
+"""Turn the operator's PDFLEET_* environment into the `vllm serve` command line and env.
+
+Where it fits: the worker container's entrypoint (`pdfleet-agent launch`) calls these pure
+functions and execs the result; the operator's renderer only sets env vars (contract in
+docs/worker.md), so the vLLM flag details for a version live here, next to the image.
+Targets vLLM 0.33: NixlConnector, per-engine side-channel port, --shutdown-timeout drain.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+ROLES = ("prefill", "decode")
+ENGINES = ("vllm", "sim")
+# 0.33 logs a deprecation for kv_both with Nixl: say which side each pool is.
+DEFAULT_KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+_LOOPBACK = {"localhost", "127.0.0.1", "0.0.0.0", "::", "::1"}
+
+
+class LaunchConfigError(ValueError):
+    """The environment does not describe a worker that can start (message names the var)."""
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    role: str
+    model: str
+    served_model_name: str | None
+    host: str
+    port: int
+    tp: int
+    dp: int
+    pod_ip: str | None
+    side_channel_port: int
+    kv_connector: str | None
+    kv_role: str
+    kv_backends: tuple[str, ...]
+    kv_buffer_device: str | None
+    kv_load_failure_policy: str
+    shutdown_timeout: int
+    block_size: int | None
+    max_model_len: int | None
+    gpu_memory_utilization: float | None
+    extra_args: tuple[str, ...]
+    engine: str
+    sim_preset: str | None
+    sim_time_scale: float | None
+
+
+def _int(env: Mapping[str, str], key: str, default: int, minimum: int = 0) -> int:
+    raw = env.get(key, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise LaunchConfigError(f"{key}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise LaunchConfigError(f"{key}={value} must be >= {minimum}")
+    return value
+
+
+def _opt(env: Mapping[str, str], key: str) -> str | None:
+    value = env.get(key, "").strip()
+    return value or None
+
+
+def parse_env(env: Mapping[str, str]) -> LaunchConfig:
+    role = env.get("PDFLEET_ROLE", "").strip()
+    if role not in ROLES:
+        raise LaunchConfigError(f"PDFLEET_ROLE={role!r} must be one of {', '.join(ROLES)}")
+    model = _opt(env, "PDFLEET_MODEL")
+    if model is None:
+        raise LaunchConfigError("PDFLEET_MODEL is required")
+    connector = env.get("PDFLEET_KV_CONNECTOR", "NixlConnector").strip()
+    kv_connector = None if connector.lower() in ("", "none") else connector
+    pod_ip = _opt(env, "PDFLEET_POD_IP")
+    if kv_connector and (pod_ip is None or pod_ip in _LOOPBACK):
+        # The side-channel host is echoed to the peer as remote_host and bound by ZMQ.
+        raise LaunchConfigError(
+            "PDFLEET_POD_IP must be the pod IP (fieldRef status.podIP) when a KV connector is "
+            f"set, got {pod_ip!r}"
+        )
+    kv_role = env.get("PDFLEET_KV_ROLE", "").strip() or DEFAULT_KV_ROLE[role]
+    if kv_role not in ("kv_producer", "kv_consumer", "kv_both"):
+        raise LaunchConfigError(f"PDFLEET_KV_ROLE={kv_role!r} is not a vLLM kv_role")
+    policy = env.get("PDFLEET_KV_LOAD_FAILURE_POLICY", "").strip() or "fail"
+    if policy not in ("fail", "recompute"):
+        raise LaunchConfigError(f"PDFLEET_KV_LOAD_FAILURE_POLICY={policy!r}: fail|recompute")
+    raw_extra = env.get("PDFLEET_EXTRA_ARGS", "").strip() or "[]"
+    try:
+        extra = json.loads(raw_extra)
+    except json.JSONDecodeError as err:
+        raise LaunchConfigError(f"PDFLEET_EXTRA_ARGS is not JSON: {err}") from None
+    if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
+        raise LaunchConfigError("PDFLEET_EXTRA_ARGS must be a JSON list of strings")
+    engine = env.get("PDFLEET_ENGINE", "").strip() or "vllm"
+    if engine not in ENGINES:
+        raise LaunchConfigError(f"PDFLEET_ENGINE={engine!r} must be one of {', '.join(ENGINES)}")
+    gmu = _opt(env, "PDFLEET_GPU_MEMORY_UTILIZATION")
+    scale = _opt(env, "PDFLEET_SIM_TIME_SCALE")
+    try:
+        gpu_util = float(gmu) if gmu else None
+        time_scale = float(scale) if scale else None
+    except ValueError as err:
+        raise LaunchConfigError(f"not a number: {err}") from None
+    backends = tuple(
+        b.strip() for b in env.get("PDFLEET_KV_BACKENDS", "UCX").split(",") if b.strip()
+    )
+    return LaunchConfig(
+        role=role,
+        model=model,
+        served_model_name=_opt(env, "PDFLEET_SERVED_MODEL_NAME"),
+        host=env.get("PDFLEET_HOST", "").strip() or "0.0.0.0",
+        port=_int(env, "PDFLEET_PORT", 8000, 1),
+        tp=_int(env, "PDFLEET_TP", 1, 1),
+        dp=_int(env, "PDFLEET_DP", 1, 1),
+        pod_ip=pod_ip,
+        side_channel_port=_int(env, "PDFLEET_SIDE_CHANNEL_PORT", 5600, 1),
+        kv_connector=kv_connector,
+        kv_role=kv_role,
+        kv_backends=backends or ("UCX",),
+        kv_buffer_device=_opt(env, "PDFLEET_KV_BUFFER_DEVICE"),
+        kv_load_failure_policy=policy,
+        shutdown_timeout=_int(env, "PDFLEET_SHUTDOWN_TIMEOUT", 60),
+        block_size=_int(env, "PDFLEET_BLOCK_SIZE", 0) or None,
+        max_model_len=_int(env, "PDFLEET_MAX_MODEL_LEN", 0) or None,
+        gpu_memory_utilization=gpu_util,
+        extra_args=tuple(extra),
+        engine=engine,
+        sim_preset=_opt(env, "PDFLEET_SIM_PRESET"),
+        sim_time_scale=time_scale,
+    )
+
+
+def kv_transfer_config(cfg: LaunchConfig) -> dict[str, object] | None:
+    if cfg.kv_connector is None:
+        return None
+    out: dict[str, object] = {
+        "kv_connector": cfg.kv_connector,
+        "kv_role": cfg.kv_role,
+        "kv_load_failure_policy": cfg.kv_load_failure_policy,
+        "kv_connector_extra_config": {"backends": list(cfg.kv_backends)},
+    }
+    if cfg.kv_buffer_device:
+        out["kv_buffer_device"] = cfg.kv_buffer_device
+    return out
+
+
+def build_vllm_command(env: Mapping[str, str]) -> list[str]:
+    """argv of the engine: `vllm serve ...`, or `pdfleet-sim ...` when PDFLEET_ENGINE=sim."""
+    cfg = parse_env(env)
+    argv = ["pdfleet-sim", cfg.model] if cfg.engine == "sim" else ["vllm", "serve", cfg.model]
+    argv += ["--host", cfg.host, "--port", str(cfg.port)]
+    if cfg.served_model_name:
+        argv += ["--served-model-name", cfg.served_model_name]
+    argv += ["--tensor-parallel-size", str(cfg.tp), "--data-parallel-size", str(cfg.dp)]
+    ktc = kv_transfer_config(cfg)
+    if ktc is not None:
+        argv += ["--kv-transfer-config", json.dumps(ktc, separators=(",", ":"))]
+    if cfg.block_size:
+        argv += ["--block-size", str(cfg.block_size)]
+    if cfg.max_model_len:
+        argv += ["--max-model-len", str(cfg.max_model_len)]
+    if cfg.gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
+    argv += ["--shutdown-timeout", str(cfg.shutdown_timeout)]
+    if cfg.engine == "sim":
+        if cfg.sim_preset:
+            argv += ["--preset", cfg.sim_preset]
+        if cfg.sim_time_scale is not None:
+            argv += ["--time-scale", str(cfg.sim_time_scale)]
+    return argv + list(cfg.extra_args)
+
+
+def build_vllm_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Variables to add to the engine's environment (side channel, per vLLM 0.33 envs.py)."""
+    cfg = parse_env(env)
+    out: dict[str, str] = {}
+    if cfg.kv_connector is not None and cfg.pod_ip is not None:
+        out["VLLM_NIXL_SIDE_CHANNEL_HOST"] = cfg.pod_ip
+        # 0.20+: one ZMQ listener per engine at PORT + dp rank; the pod exposes
+        # PORT .. PORT + dp - 1.
+        out["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(cfg.side_channel_port)
+    return out
+
+
+def side_channel_ports(env: Mapping[str, str]) -> list[int]:
+    """Ports the engine's side channels listen on (one per DP rank hosted in the pod)."""
+    cfg = parse_env(env)
+    return [cfg.side_channel_port + r for r in range(cfg.dp)]
