@@ -56,8 +56,11 @@ class PolicyConfig:
     max_scale_down_step: int = 1
     metrics_max_age_s: float = 120.0  # older windows count as stale
     startup_s: float = 120.0  # expected time from scale-up to a ready replica
-    target_utilization: float = 0.85  # share of learned capacity to plan for
-    scale_down_utilization: float = 0.7  # a smaller pool must stay below this share
+    # Share of the learned capacity to plan for. Prefill needs room for bursts (they queue);
+    # decode latency follows its batch smoothly, so it can run closer to its limit.
+    prefill_target_utilization: float = 0.85
+    decode_target_utilization: float = 0.95
+    scale_down_margin: float = 0.85  # a smaller pool must stay below margin x target
     capacity_half_life_s: float = 900.0
     trend_window_s: float = 300.0
     # Optional priors (load per replica at the target): prompt tokens/s for prefill,
@@ -75,6 +78,11 @@ class PolicyConfig:
 
     def target(self, role: Role) -> float:
         return self.ttft_target_s if role == "prefill" else self.itl_target_s
+
+    def utilization(self, role: Role) -> float:
+        if role == "prefill":
+            return self.prefill_target_utilization
+        return self.decode_target_utilization
 
     def prior(self, role: Role) -> float | None:
         return self.prefill_capacity_prior if role == "prefill" else self.decode_capacity_prior
@@ -186,8 +194,12 @@ def metrics_problem(now_s: float, config: PolicyConfig, m: MetricsWindow | None)
     if now_s - m.at_s > config.metrics_max_age_s:
         return "MetricsStale"
     for rm in (m.prefill, m.decode):
-        if not _finite(rm.request_rate, rm.prompt_tokens_rate, rm.generation_tokens_rate,
-                       rm.num_requests_waiting):
+        if not _finite(
+            rm.request_rate,
+            rm.prompt_tokens_rate,
+            rm.generation_tokens_rate,
+            rm.num_requests_waiting,
+        ):
             return "MetricsNaN"
     # A NaN quantile with zero traffic is "no samples", not a broken scrape.
     if m.prefill.request_rate > 0 and not _finite(m.prefill.ttft_s):
@@ -197,8 +209,9 @@ def metrics_problem(now_s: float, config: PolicyConfig, m: MetricsWindow | None)
     return None
 
 
-def _views(config: PolicyConfig, m: MetricsWindow, fleet: dict[Role, RoleReplicas]
-           ) -> dict[Role, _RoleView]:
+def _views(
+    config: PolicyConfig, m: MetricsWindow, fleet: dict[Role, RoleReplicas]
+) -> dict[Role, _RoleView]:
     assert m.prefill is not None and m.decode is not None
     p, d = m.prefill, m.decode
     # The end-to-end TTFT is prefill-side plus decode-side (KV pull, admission, first step);
@@ -226,8 +239,9 @@ def _views(config: PolicyConfig, m: MetricsWindow, fleet: dict[Role, RoleReplica
     }
 
 
-def _stable_ready(role: Role, ready: int, now_s: float, window_s: float,
-                  history: Sequence[Decision]) -> bool:
+def _stable_ready(
+    role: Role, ready: int, now_s: float, window_s: float, history: Sequence[Decision]
+) -> bool:
     """True when the role's ready count did not change during the metrics window."""
     for h in history:
         if h.observed is None or now_s - h.at_s > window_s:
@@ -238,8 +252,9 @@ def _stable_ready(role: Role, ready: int, now_s: float, window_s: float,
     return True
 
 
-def _trend(role: Role, demand: float, now_s: float, config: PolicyConfig,
-           history: Sequence[Decision]) -> float:
+def _trend(
+    role: Role, demand: float, now_s: float, config: PolicyConfig, history: Sequence[Decision]
+) -> float:
     """Upward demand slope per second over the trend window (0 when flat or falling)."""
     oldest: Decision | None = None
     for h in history:
@@ -250,13 +265,19 @@ def _trend(role: Role, demand: float, now_s: float, config: PolicyConfig,
             oldest = h
     if oldest is None or oldest.observed is None:
         return 0.0
-    past = (oldest.observed.prefill_demand if role == "prefill"
-            else oldest.observed.decode_demand)
+    past = oldest.observed.prefill_demand if role == "prefill" else oldest.observed.decode_demand
     return max(0.0, (demand - past) / (now_s - oldest.at_s))
 
 
-def recommend(role: Role, view: _RoleView, capacity: float | None, current: int,
-              ready: int, slope: float, config: PolicyConfig) -> tuple[int, str]:
+def recommend(
+    role: Role,
+    view: _RoleView,
+    capacity: float | None,
+    current: int,
+    ready: int,
+    slope: float,
+    config: PolicyConfig,
+) -> tuple[int, str]:
     """Raw replica recommendation for one role, before stabilization, and why."""
     violating = view.latency > view.target
     if capacity is None:
@@ -271,25 +292,37 @@ def recommend(role: Role, view: _RoleView, capacity: float | None, current: int,
     if role == "prefill" and view.mean_prompt > 0:
         # queued prompts must be worked off within a start-up delay on top of new arrivals
         forecast += view.waiting * view.mean_prompt / lookahead
-    n = math.ceil(forecast / (capacity * config.target_utilization) - 1e-9)
+    util = config.utilization(role)
+    n = math.ceil(forecast / (capacity * util) - 1e-9)
     if n < current:
-        n = max(n, math.ceil(view.demand / (capacity * config.scale_down_utilization) - 1e-9))
-    why = (f"{role}: demand {view.demand:.0f}/s (forecast {forecast:.0f}), "
-           f"capacity {capacity:.0f}/s per replica -> {n}")
+        down_util = util * config.scale_down_margin
+        n = max(n, math.ceil(view.demand / (capacity * down_util) - 1e-9))
+    why = (
+        f"{role}: demand {view.demand:.0f}/s (forecast {forecast:.0f}), "
+        f"capacity {capacity:.0f}/s per replica -> {n}"
+    )
     if violating:
         n = max(n, current, ready + 1)
         why += f"; latency {view.latency:.3f}s over target {view.target:.3f}s"
     return n, why
 
 
-def stabilize(role: Role, rec: int, current: int, now_s: float, config: PolicyConfig,
-              history: Sequence[Decision]) -> int:
+def stabilize(
+    role: Role,
+    rec: int,
+    current: int,
+    now_s: float,
+    config: PolicyConfig,
+    history: Sequence[Decision],
+) -> int:
     """HPA-style: up to the lowest recommendation of the up-window, down to the highest of
     the down-window, each bounded by its step limit."""
-    up_recs = [rec] + [h.recommended(role) for h in history
-                       if now_s - h.at_s < config.scale_up_stabilization_s]
-    down_recs = [rec] + [h.recommended(role) for h in history
-                         if now_s - h.at_s < config.scale_down_stabilization_s]
+    up_recs = [rec] + [
+        h.recommended(role) for h in history if now_s - h.at_s < config.scale_up_stabilization_s
+    ]
+    down_recs = [rec] + [
+        h.recommended(role) for h in history if now_s - h.at_s < config.scale_down_stabilization_s
+    ]
     up = min(up_recs)
     down = max(down_recs)
     if up > current:
@@ -304,9 +337,14 @@ def clamp(role: Role, n: int, config: PolicyConfig) -> int:
     return max(lo, min(hi, n))
 
 
-def fit_budget(desired: dict[Role, int], current: dict[Role, int], need: dict[Role, int],
-               pressure: dict[Role, float], violating: dict[Role, bool],
-               config: PolicyConfig) -> tuple[dict[Role, int], list[str]]:
+def fit_budget(
+    desired: dict[Role, int],
+    current: dict[Role, int],
+    need: dict[Role, int],
+    pressure: dict[Role, float],
+    violating: dict[Role, bool],
+    config: PolicyConfig,
+) -> tuple[dict[Role, int], list[str]]:
     """Fit desired counts into the GPU budget.
 
     Growth is granted one replica at a time to the role under more pressure. When a violating
@@ -337,8 +375,9 @@ def fit_budget(desired: dict[Role, int], current: dict[Role, int], need: dict[Ro
         if not violating[taker] or desired[taker] <= alloc[taker] or violating[donor]:
             continue
         lo = max(need[donor], config.bounds(donor)[0], current[donor] - config.max_scale_down_step)
-        while (alloc[donor] > lo and used(alloc) + g[taker] > budget
-               and alloc[taker] < desired[taker]):
+        while (
+            alloc[donor] > lo and used(alloc) + g[taker] > budget and alloc[taker] < desired[taker]
+        ):
             alloc[donor] -= 1
             reasons.append(f"budget: moving GPUs {donor} -> {taker}")
             if used(alloc) + g[taker] <= budget:
@@ -347,16 +386,22 @@ def fit_budget(desired: dict[Role, int], current: dict[Role, int], need: dict[Ro
         wants = [r for r in ROLES if alloc[r] < desired[r] and used(alloc) + g[r] <= budget]
         if not wants:
             break
-        busiest = max(wants, key=lambda r: (violating[r],
-                                            pressure[r] * current[r] / max(alloc[r], 1)))
+        busiest = max(
+            wants, key=lambda r: (violating[r], pressure[r] * current[r] / max(alloc[r], 1))
+        )
         alloc[busiest] += 1
     if any(alloc[r] < desired[r] for r in ROLES):
         reasons.append(f"budget: {budget} GPUs limit growth")
     return alloc, reasons
 
 
-def _hold(now_s: float, config: PolicyConfig, fleet: dict[Role, RoleReplicas],
-          history: Sequence[Decision], reason: str) -> Decision:
+def _hold(
+    now_s: float,
+    config: PolicyConfig,
+    fleet: dict[Role, RoleReplicas],
+    history: Sequence[Decision],
+    reason: str,
+) -> Decision:
     last = history[-1] if history else None
     desired = {r: clamp(r, fleet[r].current, config) for r in ROLES}
     return Decision(
@@ -375,13 +420,25 @@ def _hold(now_s: float, config: PolicyConfig, fleet: dict[Role, RoleReplicas],
 def _pending(fleet: dict[Role, RoleReplicas]) -> tuple[Condition, ...]:
     stuck = [f"{r}={fleet[r].pending}" for r in ROLES if fleet[r].pending > 0]
     if stuck:
-        return (Condition("InsufficientCapacity", "True", "PodsPending",
-                          "pending replicas: " + ", ".join(stuck)),)
+        return (
+            Condition(
+                "InsufficientCapacity",
+                "True",
+                "PodsPending",
+                "pending replicas: " + ", ".join(stuck),
+            ),
+        )
     return (Condition("InsufficientCapacity", "False", "AllScheduled"),)
 
 
-def decide(config: PolicyConfig, now_s: float, prefill: RoleReplicas, decode: RoleReplicas,
-           metrics: MetricsWindow | None, history: Sequence[Decision] = ()) -> Decision:
+def decide(
+    config: PolicyConfig,
+    now_s: float,
+    prefill: RoleReplicas,
+    decode: RoleReplicas,
+    metrics: MetricsWindow | None,
+    history: Sequence[Decision] = (),
+) -> Decision:
     """One autoscaling decision.
 
     `history` holds earlier decisions, oldest first (the last one carries the learned
@@ -400,10 +457,12 @@ def decide(config: PolicyConfig, now_s: float, prefill: RoleReplicas, decode: Ro
     for r in ROLES:
         state = last_cap.get(r)
         v = views[r]
-        if fleet[r].ready > 0 and _stable_ready(r, fleet[r].ready, now_s, metrics.window_s,
-                                                history):
-            state = cap.observe(state, metrics.at_s, v.x, v.latency, v.target,
-                                config.capacity_half_life_s)
+        if fleet[r].ready > 0 and _stable_ready(
+            r, fleet[r].ready, now_s, metrics.window_s, history
+        ):
+            state = cap.observe(
+                state, metrics.at_s, v.x, v.latency, v.target, config.capacity_half_life_s
+            )
         learned[r] = state
         caps[r] = cap.capacity(state, v.target, config.prior(r))
     recs: dict[Role, int] = {}
@@ -414,8 +473,10 @@ def decide(config: PolicyConfig, now_s: float, prefill: RoleReplicas, decode: Ro
         recs[r] = clamp(r, n, config)
         reasons.append(why)
     current = {r: fleet[r].current for r in ROLES}
-    stable = {r: clamp(r, stabilize(r, recs[r], current[r], now_s, config, history), config)
-              for r in ROLES}
+    stable = {
+        r: clamp(r, stabilize(r, recs[r], current[r], now_s, config, history), config)
+        for r in ROLES
+    }
     violating = {r: views[r].latency > views[r].target for r in ROLES}
     pressure = {r: views[r].demand / (caps[r] or math.inf) / max(current[r], 1) for r in ROLES}
     final, budget_reasons = fit_budget(stable, current, recs, pressure, violating, config)
@@ -444,11 +505,18 @@ def decide(config: PolicyConfig, now_s: float, prefill: RoleReplicas, decode: Ro
     )
 
 
-def trim_history(history: Sequence[Decision], now_s: float, config: PolicyConfig
-                 ) -> tuple[Decision, ...]:
+def trim_history(
+    history: Sequence[Decision], now_s: float, config: PolicyConfig
+) -> tuple[Decision, ...]:
     """The decisions a caller needs to keep: those inside the longest window."""
-    keep = max(config.scale_down_stabilization_s, config.scale_up_stabilization_s,
-               config.trend_window_s) + config.interval_s
+    keep = (
+        max(
+            config.scale_down_stabilization_s,
+            config.scale_up_stabilization_s,
+            config.trend_window_s,
+        )
+        + config.interval_s
+    )
     return tuple(h for h in history if now_s - h.at_s <= keep)
 
 

@@ -1,0 +1,365 @@
+"""`pdfleet bench autoscale`: replay workloads through the fleet simulator, policy vs baselines.
+
+Where it fits: the `pdfleet` CLI forwards its arguments to `main(argv)`; it also runs as
+`python -m pdfleet.autoscale.bench`. For each workload it runs pdfleet's policy
+(`policy.decide` via `baselines.PolicyController`), the threshold autoscaler, the Dynamo
+planner's throughput formula, every fixed P:D split that can matter and the clairvoyant
+bound (`oracle.py`), then prints a table and writes `<name>.json` and `<name>.png` per
+workload plus `results.md` into `--out`.
+
+Attainment: share of requests whose TTFT and whose mean ITL ((e2e - TTFT) / (output - 1))
+both meet the SLO. GPU-hours: GPUs held (starting, ready, draining) over the trace.
+Goodput per GPU-hour: requests meeting the SLO per GPU-hour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pdfleet.autoscale import oracle
+from pdfleet.autoscale.baselines import (
+    PlannerController,
+    PolicyController,
+    ThresholdController,
+    decode_engine_rps,
+    prefill_engine_rps,
+)
+from pdfleet.autoscale.policy import PolicyConfig
+from pdfleet.autoscale.sim import Controller, SimConfig, SimResult, simulate
+from pdfleet.autoscale.traces import Workload, load
+
+# SLOs of the shared workloads (../shared/traces/workloads/README.md): (TTFT s, mean ITL s).
+WORKLOAD_SLOS = {"W1": (1.0, 0.015), "W2": (0.5, 0.015), "W3": (1.0, 0.015)}
+ALL_RUNS = ("pdfleet", "threshold", "planner", "fixed", "clairvoyant")
+TARGET = 0.95
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    name: str
+    attainment: float
+    ttft_attainment: float
+    itl_attainment: float
+    gpu_hours: float
+    goodput_per_gpu_hour: float
+    scale_events: int
+    flaps: int
+    p95_ttft_s: float
+    p95_itl_s: float
+    wall_s: float
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    finite = sorted(v for v in values if not math.isnan(v))
+    if not finite:
+        return math.nan
+    return finite[min(len(finite) - 1, math.ceil(q * len(finite)) - 1)]
+
+
+def count_flaps(events: Sequence[tuple[float, str, int, int]], window_s: float) -> int:
+    """Reversals: a role scaled in one direction, then the other within `window_s`."""
+    flaps = 0
+    last: dict[str, tuple[float, int]] = {}
+    for t, role, old, new in events:
+        direction = 1 if new > old else -1
+        prev = last.get(role)
+        if prev is not None and prev[1] != direction and t - prev[0] < window_s:
+            flaps += 1
+        last[role] = (t, direction)
+    return flaps
+
+
+def summarize(
+    name: str, res: SimResult, ttft: float, itl: float, flap_window_s: float, wall_s: float
+) -> RunSummary:
+    att = res.attainment(ttft, itl)
+    good = att * len(res.ttft_s)
+    return RunSummary(
+        name=name,
+        attainment=att,
+        ttft_attainment=res.attainment(ttft, math.inf),
+        itl_attainment=res.attainment(math.inf, itl),
+        gpu_hours=res.gpu_hours,
+        goodput_per_gpu_hour=good / res.gpu_hours if res.gpu_hours else 0.0,
+        scale_events=len(res.scale_events),
+        flaps=count_flaps(res.scale_events, flap_window_s),
+        p95_ttft_s=_quantile(res.ttft_s, 0.95),
+        p95_itl_s=_quantile(res.itl_s, 0.95),
+        wall_s=wall_s,
+    )
+
+
+def capacity_priors(sim: SimConfig, ttft: float, itl: float) -> tuple[float, float]:
+    """Starting capacities from the perf model at a nominal request (2k prompt, 128 out), as
+    a pre-deployment profile would give them; the policy corrects them online."""
+    isl, osl = 2048.0, 128.0
+    prefill = prefill_engine_rps(sim.perf, isl, ttft) * isl * 0.8  # room to queue
+    decode = decode_engine_rps(sim.perf, isl, osl, itl) * osl
+    return prefill, decode
+
+
+def policy_config(sim: SimConfig, ttft: float, itl: float, budget: int) -> PolicyConfig:
+    prefill_prior, decode_prior = capacity_priors(sim, ttft, itl)
+    return PolicyConfig(
+        ttft_target_s=ttft,
+        itl_target_s=itl,
+        percentile=sim.percentile,
+        prefill_max=budget - 1,
+        decode_max=budget - 1,
+        gpu_budget=budget,
+        interval_s=sim.interval_s,
+        startup_s=sim.startup_s,
+        prefill_capacity_prior=prefill_prior,
+        decode_capacity_prior=decode_prior,
+    )
+
+
+def _run(
+    name: str,
+    wl: Workload,
+    sim: SimConfig,
+    ctl: Controller,
+    initial: tuple[int, int],
+    ttft: float,
+    itl: float,
+    flap_window_s: float,
+) -> tuple[RunSummary, SimResult]:
+    t0 = time.perf_counter()
+    res = simulate(wl, sim, ctl, initial)
+    summary = summarize(name, res, ttft, itl, flap_window_s, time.perf_counter() - t0)
+    print(
+        f"  {name:<12} attainment {summary.attainment:6.2%}  GPU-h {summary.gpu_hours:5.2f}"
+        f"  events {summary.scale_events:3d}  flaps {summary.flaps}  ({summary.wall_s:.1f}s)",
+        flush=True,
+    )
+    return summary, res
+
+
+def bench_workload(
+    wl: Workload, ttft: float, itl: float, args: argparse.Namespace
+) -> dict[str, Any]:
+    from pdfleet_worker.perfmodel import preset
+
+    sim = SimConfig(
+        perf=preset(args.preset),
+        startup_s=args.startup,
+        interval_s=args.interval,
+        cluster_gpus=args.budget,
+    )
+    pcfg = policy_config(sim, ttft, itl, args.budget)
+    flap_window = pcfg.scale_down_stabilization_s
+    initial = (args.initial_prefill, args.initial_decode)
+    runs: dict[str, RunSummary] = {}
+    timelines: dict[str, list[dict[str, float]]] = {}
+    controllers: dict[str, Controller] = {
+        "pdfleet": PolicyController(pcfg),
+        "threshold": ThresholdController(budget=args.budget, max_replicas=args.budget - 1),
+        "planner": PlannerController(sim.perf, ttft, itl, args.budget),
+    }
+    for name, ctl in controllers.items():
+        if name in args.only:
+            summary, res = _run(name, wl, sim, ctl, initial, ttft, itl, flap_window)
+            runs[name] = summary
+            timelines[name] = res.timeline
+    out: dict[str, Any] = {
+        "workload": wl.name,
+        "requests": len(wl),
+        "duration_s": wl.duration_s,
+        "slo": {"ttft_s": ttft, "itl_s": itl, "attainment_target": TARGET},
+        "sim": {
+            "preset": args.preset,
+            "startup_s": sim.startup_s,
+            "interval_s": sim.interval_s,
+            "metrics_window_s": sim.metrics_window_s,
+            "percentile": sim.percentile,
+            "gpu_budget": args.budget,
+            "initial": list(initial),
+        },
+        "policy_config": asdict(pcfg),
+        "runs": {k: asdict(v) for k, v in runs.items()},
+    }
+    if "fixed" in args.only:
+        t0 = time.perf_counter()
+        splits = oracle.fixed_splits(wl, oracle.runner(sim, ttft, itl), args.budget)
+        cheapest = oracle.cheapest_reaching(splits, TARGET)
+        out["fixed"] = [asdict(s) for s in splits]
+        out["cheapest_fixed"] = asdict(cheapest) if cheapest else None
+        print(
+            f"  fixed splits: {len(splits)} simulated ({time.perf_counter() - t0:.0f}s); "
+            f"cheapest >= {TARGET:.0%}: "
+            + (
+                f"{cheapest.prefill}P{cheapest.decode}D {cheapest.attainment:.2%} "
+                f"{cheapest.gpu_hours:.2f} GPU-h"
+                if cheapest
+                else "none"
+            ),
+            flush=True,
+        )
+    if "clairvoyant" in args.only:
+        t0 = time.perf_counter()
+        cv = oracle.clairvoyant(wl, sim, ttft, itl, args.budget, TARGET)
+        out["clairvoyant"] = {
+            "gpu_hours": cv.gpu_hours,
+            "attainment": cv.attainment,
+            "plan": [list(p) for p in cv.plan],
+        }
+        print(
+            f"  clairvoyant: {cv.attainment:.2%} {cv.gpu_hours:.2f} GPU-h "
+            f"({time.perf_counter() - t0:.0f}s)",
+            flush=True,
+        )
+    out["ratios"] = _ratios(out)
+    out["timelines"] = timelines
+    return out
+
+
+def _ratios(out: dict[str, Any]) -> dict[str, float]:
+    mine = out["runs"].get("pdfleet")
+    if mine is None:
+        return {}
+    ratios = {}
+    if out.get("cheapest_fixed"):
+        ratios["vs_cheapest_fixed"] = mine["gpu_hours"] / out["cheapest_fixed"]["gpu_hours"]
+    if out.get("clairvoyant"):
+        ratios["vs_clairvoyant"] = mine["gpu_hours"] / out["clairvoyant"]["gpu_hours"]
+    return ratios
+
+
+def markdown(results: Sequence[dict[str, Any]]) -> str:
+    lines = [
+        "| Workload | Run | Attainment | TTFT ok | ITL ok | GPU-hours | Good req / GPU-h "
+        "| Scale events | Flaps |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        name = r["workload"]
+        for run in r["runs"].values():
+            lines.append(
+                f"| {name} | {run['name']} | {run['attainment']:.2%} | "
+                f"{run['ttft_attainment']:.2%} | {run['itl_attainment']:.2%} | "
+                f"{run['gpu_hours']:.2f} | {run['goodput_per_gpu_hour']:.0f} | "
+                f"{run['scale_events']} | {run['flaps']} |"
+            )
+        cf = r.get("cheapest_fixed")
+        if cf:
+            good = cf["attainment"] * cf["requests"] / cf["gpu_hours"]
+            lines.append(
+                f"| {name} | cheapest fixed {cf['prefill']}P{cf['decode']}D | "
+                f"{cf['attainment']:.2%} | | | {cf['gpu_hours']:.2f} | {good:.0f} | 0 | 0 |"
+            )
+        cv = r.get("clairvoyant")
+        if cv:
+            good = cv["attainment"] * r["requests"] / cv["gpu_hours"]
+            lines.append(
+                f"| {name} | clairvoyant (5 min, no start-up) | {cv['attainment']:.2%} "
+                f"| | | {cv['gpu_hours']:.2f} | {good:.0f} | | |"
+            )
+    lines += [
+        "",
+        "| Workload | pdfleet / cheapest fixed (GPU-h) | pdfleet / clairvoyant (GPU-h) |",
+        "|---|---|---|",
+    ]
+    for r in results:
+        ra = r.get("ratios", {})
+        lines.append(
+            f"| {r['workload']} | {ra.get('vs_cheapest_fixed', math.nan):.3f} | "
+            f"{ra.get('vs_clairvoyant', math.nan):.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _resolve(spec: str, workloads_dir: Path) -> Path:
+    p = Path(spec)
+    if p.exists():
+        return p
+    matches = sorted(workloads_dir.glob(f"{spec}*.jsonl*"))
+    if not matches:
+        raise SystemExit(f"no workload {spec!r} (not a file, nothing in {workloads_dir})")
+    return matches[0]
+
+
+def _default_workloads_dir() -> Path:
+    env = os.environ.get("PDFLEET_WORKLOADS")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve()
+    for parent in here.parents:  # <repo>/../shared/traces/workloads
+        cand = parent.parent / "shared" / "traces" / "workloads"
+        if (parent / "pyproject.toml").exists() and cand.exists():
+            return cand
+    return Path("../shared/traces/workloads")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="pdfleet bench autoscale", description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "workloads",
+        nargs="*",
+        default=["W1", "W2", "W3"],
+        help="trace files (Mooncake .jsonl[.gz] or Azure .csv) or W1/W2/W3",
+    )
+    ap.add_argument("--workloads-dir", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=Path("bench-autoscale"))
+    ap.add_argument(
+        "--only", default=",".join(ALL_RUNS), help="comma-separated subset of " + ",".join(ALL_RUNS)
+    )
+    ap.add_argument("--ttft", type=float, default=None, help="TTFT SLO, s (default per W*)")
+    ap.add_argument("--itl", type=float, default=None, help="mean ITL SLO, s (default per W*)")
+    ap.add_argument("--budget", type=int, default=12, help="GPU budget (and cluster size)")
+    ap.add_argument("--startup", type=float, default=120.0, help="worker start-up, s")
+    ap.add_argument("--interval", type=float, default=15.0, help="control interval, s")
+    ap.add_argument("--preset", default="llama-3.1-8b-h200")
+    ap.add_argument("--speedup", type=float, default=1.0, help="time compression of the trace")
+    ap.add_argument("--initial-prefill", type=int, default=2)
+    ap.add_argument("--initial-decode", type=int, default=1)
+    ap.add_argument("--no-plot", action="store_true")
+    args = ap.parse_args(argv)
+    args.only = {s.strip() for s in args.only.split(",") if s.strip()}
+    unknown = args.only - set(ALL_RUNS)
+    if unknown:
+        ap.error(f"unknown runs: {sorted(unknown)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    wdir = args.workloads_dir or _default_workloads_dir()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for spec in args.workloads:
+        path = _resolve(spec, wdir)
+        wl = load(path, speedup=args.speedup)
+        ttft, itl = WORKLOAD_SLOS.get(wl.name[:2], (1.0, 0.015))
+        ttft = args.ttft if args.ttft is not None else ttft
+        itl = args.itl if args.itl is not None else itl
+        print(
+            f"{wl.name}: {len(wl)} requests, {wl.duration_s:.0f}s, SLO TTFT<={ttft}s "
+            f"ITL<={itl * 1000:.0f}ms",
+            flush=True,
+        )
+        res = bench_workload(wl, ttft, itl, args)
+        if not args.no_plot:
+            from pdfleet.autoscale.plot import plot_workload
+
+            plot_workload(res, args.out / f"{wl.name}.png")
+        timelines = res.pop("timelines")
+        res["timeline_pdfleet"] = timelines.get("pdfleet", [])
+        (args.out / f"{wl.name}.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+        results.append(res)
+    table = markdown(results)
+    (args.out / "results.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

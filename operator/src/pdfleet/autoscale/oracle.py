@@ -1,0 +1,141 @@
+"""Hindsight baselines: every fixed P:D split, and the clairvoyant per-window bound.
+
+Where it fits: `pdfleet.autoscale.bench` calls `fixed_splits` and `clairvoyant` next to the
+online controllers of `baselines.py`; all use `pdfleet.autoscale.sim`.
+
+Attainment is (close to) monotone in both pool sizes, so instead of simulating all splits of
+the budget we walk, for each prefill count, the decode counts upwards until attainment stops
+improving, and stop adding prefill once a split is (nearly) perfect. Splits not simulated are
+dominated by one that was: fewer GPUs in both pools can only do worse.
+
+Clairvoyant bound: cut the trace into windows (5 min), simulate each window alone on each
+candidate split with zero start-up delay, then choose one split per window so that the whole
+trace reaches the attainment target at the least GPU time (a multiple-choice knapsack, solved
+greedily along each window's cost/attainment hull). No online policy can do better.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from pdfleet.autoscale.sim import SimConfig, fixed, simulate
+from pdfleet.autoscale.traces import Workload
+
+
+@dataclass(frozen=True)
+class SplitResult:
+    prefill: int
+    decode: int
+    attainment: float
+    gpu_hours: float
+    requests: int
+
+
+Runner = Callable[[Workload, int, int], SplitResult]
+
+
+def runner(cfg: SimConfig, ttft_slo: float, itl_slo: float) -> Runner:
+    def run(wl: Workload, p: int, d: int) -> SplitResult:
+        res = simulate(wl, cfg, fixed(p, d), (p, d))
+        return SplitResult(p, d, res.attainment(ttft_slo, itl_slo), res.gpu_hours, len(wl))
+
+    return run
+
+
+def staircase(
+    wl: Workload, run: Runner, budget: int, perfect: float = 0.999, flat: float = 0.002
+) -> list[SplitResult]:
+    """Simulate the splits that can matter (see the module docstring), cheapest first."""
+    out: list[SplitResult] = []
+    for p in range(1, budget):
+        best = None
+        for d in range(1, budget - p + 1):
+            r = run(wl, p, d)
+            out.append(r)
+            if best is not None and r.attainment <= best.attainment + flat:
+                break
+            best = r if best is None or r.attainment > best.attainment else best
+            if r.attainment >= perfect:
+                break
+        if best is not None and best.attainment >= perfect:
+            break
+    return sorted(out, key=lambda r: (r.prefill + r.decode, -r.attainment))
+
+
+def fixed_splits(wl: Workload, run: Runner, budget: int) -> list[SplitResult]:
+    return staircase(wl, run, budget)
+
+
+def cheapest_reaching(results: list[SplitResult], target: float) -> SplitResult | None:
+    ok = [r for r in results if r.attainment >= target]
+    return min(ok, key=lambda r: (r.gpu_hours, -r.attainment)) if ok else None
+
+
+@dataclass(frozen=True)
+class Clairvoyant:
+    gpu_hours: float
+    attainment: float
+    plan: tuple[tuple[float, int, int, float], ...]  # (window start, P, D, window attainment)
+
+
+def _hull(options: list[SplitResult]) -> list[SplitResult]:
+    """Options by cost where each step up buys attainment (lower-left Pareto front)."""
+    front: list[SplitResult] = []
+    for r in sorted(options, key=lambda r: (r.prefill + r.decode, -r.attainment)):
+        if not front or r.attainment > front[-1].attainment:
+            front.append(r)
+    return front
+
+
+def clairvoyant(
+    wl: Workload,
+    cfg: SimConfig,
+    ttft_slo: float,
+    itl_slo: float,
+    budget: int,
+    target: float,
+    window_s: float = 300.0,
+) -> Clairvoyant:
+    run = runner(replace(cfg, startup_s=0.0), ttft_slo, itl_slo)
+    windows: list[tuple[float, Workload, list[SplitResult]]] = []
+    t = 0.0
+    while t <= wl.duration_s:
+        part = wl.window(t, t + window_s)
+        if len(part):
+            windows.append((t, part, _hull(staircase(part, run, budget))))
+        t += window_s
+    total = sum(len(part) for _, part, _ in windows)
+    choice = [0] * len(windows)
+
+    def good() -> float:
+        return sum(
+            front[c].attainment * front[c].requests
+            for (_, _, front), c in zip(windows, choice, strict=True)
+        )
+
+    while good() < target * total:
+        best, best_gain = -1, 0.0
+        for i, ((_, _, front), c) in enumerate(zip(windows, choice, strict=True)):
+            if c + 1 < len(front):
+                nxt, cur = front[c + 1], front[c]
+                gain = (
+                    (nxt.attainment - cur.attainment)
+                    * cur.requests
+                    / max(nxt.prefill + nxt.decode - cur.prefill - cur.decode, 1)
+                )
+                if gain > best_gain:
+                    best, best_gain = i, gain
+        if best < 0:
+            break
+        choice[best] += 1
+    plan = tuple(
+        (start, front[c].prefill, front[c].decode, front[c].attainment)
+        for (start, _, front), c in zip(windows, choice, strict=True)
+    )
+    gpu_s = sum(
+        min(window_s, max(wl.duration_s - start, 0.0))
+        * (p * cfg.prefill_gpus + d * cfg.decode_gpus)
+        for start, p, d, _ in plan
+    )
+    return Clairvoyant(gpu_hours=gpu_s / 3600.0, attainment=good() / total, plan=plan)
