@@ -1,1 +1,34 @@
-"""render."""
+"""Pure rendering: an InferenceService (plus the replica counts decided elsewhere) becomes the
+list of child manifests the operator applies. No I/O; `pdfleet render` prints the same list."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pdfleet import labels
+from pdfleet.api.v1alpha1 import InferenceService
+from pdfleet.render.common import Manifest, RenderConfig, pod_disruption_budget
+from pdfleet.render.router import router_deployment, router_rbac, router_service
+from pdfleet.render.worker import headless_service, worker_service_account, worker_statefulset
+
+__all__ = ["Manifest", "RenderConfig", "render_children"]
+
+
+def render_children(
+    isvc: InferenceService, replicas: Mapping[str, int], config: RenderConfig | None = None
+) -> list[Manifest]:
+    """Every child object, in apply order (accounts and services before the pods that use
+    them). `replicas` holds the decided size of each worker pool."""
+    config = config or RenderConfig()
+    children: list[Manifest] = [worker_service_account(isvc)]
+    for role in labels.WORKER_ROLES:
+        children += [
+            headless_service(isvc, role),
+            pod_disruption_budget(isvc, role),
+            worker_statefulset(isvc, role, replicas[role], config),
+        ]
+    if isvc.spec.router.type == "vllm-router":
+        children += [*router_rbac(isvc), router_service(isvc), router_deployment(isvc, config)]
+        if isvc.spec.router.replicas > 1:
+            children.append(pod_disruption_budget(isvc, labels.ROLE_ROUTER))
+    return children

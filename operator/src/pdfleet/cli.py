@@ -1,0 +1,203 @@
+"""The `pdfleet` command: run the operator, render manifests, run benchmarks.
+
+pdfleet operator run [--namespace NS ...] [--kubeconfig FILE]
+pdfleet render -f FILE [--replicas prefill=2 --replicas decode=3]
+pdfleet crd
+pdfleet bench autoscale ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+
+import pydantic
+import yaml
+
+from pdfleet import labels
+from pdfleet.api.rules import error_paths
+from pdfleet.api.v1alpha1 import InferenceService
+from pdfleet.reconcile.plan import desired_replicas
+from pdfleet.render import RenderConfig, render_children
+
+log = logging.getLogger("pdfleet")
+
+
+def _load_services(path: str) -> list[InferenceService]:
+    text = sys.stdin.read() if path == "-" else open(path).read()  # noqa: SIM115
+    services = []
+    for doc in yaml.safe_load_all(text):
+        if not doc or doc.get("kind") != labels.KIND:
+            continue
+        try:
+            services.append(InferenceService.model_validate(doc))
+        except pydantic.ValidationError as error:
+            name = (doc.get("metadata") or {}).get("name", "?")
+            raise SystemExit(f"{path}: {name}: " + "; ".join(error_paths(error))) from None
+    return services
+
+
+def _parse_replicas(items: Sequence[str]) -> dict[str, int]:
+    result = {}
+    for item in items:
+        role, _, count = item.partition("=")
+        if role not in labels.WORKER_ROLES or not count.isdigit():
+            raise SystemExit(f"--replicas takes prefill=N or decode=N, not {item!r}")
+        result[role] = int(count)
+    return result
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    config = RenderConfig(router_image=args.router_image)
+    documents = []
+    for isvc in _load_services(args.filename):
+        if isvc.metadata.namespace is None:
+            isvc = isvc.model_copy(
+                update={"metadata": isvc.metadata.model_copy(update={"namespace": args.namespace})}
+            )
+        replicas = {**desired_replicas(isvc, None), **_parse_replicas(args.replicas)}
+        documents += render_children(isvc, replicas, config)
+    yaml.SafeDumper.ignore_aliases = lambda *_: True  # type: ignore[method-assign]
+    sys.stdout.write(yaml.safe_dump_all(documents, sort_keys=False, width=100))
+    return 0
+
+
+def cmd_crd(_: argparse.Namespace) -> int:
+    from pdfleet.api.crd import render_crd_yaml
+
+    sys.stdout.write(render_crd_yaml())
+    return 0
+
+
+def cmd_operator_run(args: argparse.Namespace) -> int:
+    import kopf
+    import prometheus_client
+
+    from pdfleet import metrics
+    from pdfleet.controller import Controller
+    from pdfleet.handlers import register
+    from pdfleet.kube.api import KubeWriter, load_api_client
+    from pdfleet.kube.lease import LeaderElector
+
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it too
+    api = load_api_client(args.kubeconfig)
+    controller = Controller(KubeWriter(api), RenderConfig(router_image=args.router_image))
+    registry = kopf.OperatorRegistry()
+    register(controller, registry, resync_s=args.resync_seconds)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: object) -> None:
+        settings.posting.enabled = False  # pdfleet records its own, meaningful Events
+        settings.peering.standalone = True  # one active replica comes from the Lease
+        settings.execution.max_workers = args.workers
+        settings.watching.server_timeout = 300
+        settings.networking.request_timeout = 60
+
+    stop = threading.Event()
+    lost = threading.Event()
+    elector = None
+    if args.leader_election:
+        identity = args.identity or f"{socket.gethostname()}-{os.getpid()}"
+        elector = LeaderElector(api, args.lease_namespace, args.lease_name, identity)
+        if not elector.wait_for_leadership(stop):
+            return 0
+
+        def on_lost() -> None:
+            lost.set()
+            stop.set()
+
+        threading.Thread(
+            target=elector.keep_renewing, args=(stop, on_lost), name="lease", daemon=True
+        ).start()
+    metrics.LEADER.set(1)
+    if args.metrics_port:
+        prometheus_client.start_http_server(args.metrics_port, addr=args.bind)
+    try:
+        kopf.run(
+            registry=registry,
+            standalone=True,
+            clusterwide=not args.namespace,
+            namespaces=args.namespace or (),
+            liveness_endpoint=f"http://{args.bind}:{args.health_port}/healthz"
+            if args.health_port
+            else None,
+            stop_flag=stop,
+        )
+    finally:
+        metrics.LEADER.set(0)
+        stop.set()
+        if elector is not None and not lost.is_set():
+            elector.release()
+    return 1 if lost.is_set() else 0
+
+
+def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
+    if args.bench == "autoscale":
+        from pdfleet.autoscale import bench
+
+        return int(bench.main(rest) or 0)
+    raise SystemExit(f"unknown benchmark {args.bench!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pdfleet", description=__doc__.split("\n")[0])
+    parser.add_argument("--log-level", default=os.environ.get("PDFLEET_LOG_LEVEL", "INFO"))
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    render = commands.add_parser("render", help="print the child manifests for a spec")
+    render.add_argument("-f", "--filename", required=True, help="YAML file, or - for stdin")
+    render.add_argument("-n", "--namespace", default="default")
+    render.add_argument("--replicas", action="append", default=[], metavar="ROLE=N")
+    render.add_argument("--router-image", default=RenderConfig.router_image)
+
+    commands.add_parser("crd", help="print the CustomResourceDefinition")
+
+    operator = commands.add_parser("operator", help="run the operator")
+    operator_commands = operator.add_subparsers(dest="operator_command", required=True)
+    run = operator_commands.add_parser("run", help="run against the current kubeconfig")
+    run.add_argument("--kubeconfig", default=None)
+    run.add_argument("-n", "--namespace", action="append", default=[],
+                     help="watch only these namespaces (repeatable); default: all")  # fmt: skip
+    run.add_argument(
+        "--router-image", default=os.environ.get("PDFLEET_ROUTER_IMAGE", RenderConfig.router_image)
+    )
+    run.add_argument("--bind", default="0.0.0.0", help="address of the metrics/health servers")
+    run.add_argument("--metrics-port", type=int, default=8080)
+    run.add_argument("--health-port", type=int, default=8081)
+    run.add_argument("--resync-seconds", type=float, default=60.0)
+    run.add_argument("--workers", type=int, default=8, help="threads for API calls")
+    run.add_argument("--leader-election", action=argparse.BooleanOptionalAction, default=True)
+    run.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"))
+    run.add_argument("--lease-name", default="pdfleet-operator")
+    run.add_argument("--identity", default=os.environ.get("POD_NAME"))
+
+    bench = commands.add_parser("bench", help="run a benchmark", add_help=False)
+    bench.add_argument("bench", choices=["autoscale"])
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.command == "bench":
+        return cmd_bench(args, rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "render":
+        return cmd_render(args)
+    if args.command == "crd":
+        return cmd_crd(args)
+    return cmd_operator_run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""One reconcile pass for one InferenceService: validate, plan, write what changed, report.
+
+The kopf handlers (handlers.py) call `Controller.reconcile()` from every trigger: the
+InferenceService's own watch events (create, update, and the initial listing on resume), its
+children's events, and a periodic timer. The pass is level-based and idempotent: it derives
+everything from the spec and the observed children, so running it twice changes nothing, and
+an unchanged service costs no API writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pydantic
+from kubernetes.client.exceptions import ApiException
+
+from pdfleet import labels, metrics
+from pdfleet.api.rules import error_paths
+from pdfleet.api.v1alpha1 import InferenceService
+from pdfleet.kube.api import KubeWriter
+from pdfleet.reconcile.observed import Observed
+from pdfleet.reconcile.plan import plan
+from pdfleet.reconcile.status import (
+    INSUFFICIENT_CAPACITY,
+    compute_status,
+    invalid_status,
+    status_changed,
+)
+from pdfleet.render import RenderConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PassResult:
+    writes: int
+    deletes: int
+    status_written: bool
+
+
+def _condition_status(status: Mapping[str, Any] | None, kind: str) -> str | None:
+    for condition in (status or {}).get("conditions") or ():
+        if condition.get("type") == kind:
+            return str(condition.get("status"))
+    return None
+
+
+def _status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch that turns `old` into `new` (dropped keys become null)."""
+    return {**{key: None for key in (old or {}) if key not in new}, **new}
+
+
+class Controller:
+    """Reconciles InferenceServices through a KubeWriter. Thread-safe per object."""
+
+    def __init__(
+        self,
+        writer: KubeWriter,
+        config: RenderConfig | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ):
+        self.writer = writer
+        self.config = config or RenderConfig()
+        self.clock = clock
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def _lock(self, namespace: str, name: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault((namespace, name), threading.Lock())
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._locks_guard:
+            self._locks.pop((namespace, name), None)
+
+    def reconcile(self, body: Mapping[str, Any], observed: Observed) -> PassResult:
+        meta = body.get("metadata") or {}
+        namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+        if meta.get("deletionTimestamp"):
+            # Children go with the owner through garbage collection.
+            return PassResult(0, 0, False)
+        started = time.monotonic()
+        with self._lock(namespace, name):
+            try:
+                return self._reconcile(body, observed)
+            except ApiException as error:
+                metrics.RECONCILE_ERRORS.labels(reason=str(error.status)).inc()
+                raise
+            finally:
+                metrics.RECONCILE_DURATION.observe(time.monotonic() - started)
+
+    def _reconcile(self, body: Mapping[str, Any], observed: Observed) -> PassResult:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        previous = body.get("status")
+        now = self.clock()
+        try:
+            isvc = InferenceService.model_validate(
+                {"metadata": meta, "spec": body.get("spec"), "status": None}
+            )
+        except pydantic.ValidationError as error:
+            # Only specs that slipped past admission land here (e.g. stored before a CRD
+            # upgrade): report, do not retry in a loop, touch no child.
+            message = "; ".join(error_paths(error))[:2000]
+            new = invalid_status(previous, meta.get("generation"), message, now)
+            return self._write_status(body, previous, new, "InvalidSpec", message)
+
+        replicas, child_plan = plan(isvc, observed, previous, self.config)
+        for key in child_plan.delete:
+            self.writer.delete(key[0], key[1], namespace)
+        for manifest in child_plan.apply:
+            self.writer.apply(manifest, namespace)
+        writes = len(child_plan.apply) + len(child_plan.delete)
+        metrics.CHILD_WRITES.inc(writes)
+        if writes:
+            log.info(
+                "%s/%s: applied %d, deleted %d",
+                namespace,
+                name,
+                len(child_plan.apply),
+                len(child_plan.delete),
+            )
+            self._record_changes(body, previous, replicas, child_plan.apply, observed)
+
+        new = compute_status(isvc, observed, previous, replicas, now, writes)
+        capacity = _condition_status(new, INSUFFICIENT_CAPACITY)
+        if capacity == "True" and _condition_status(previous, INSUFFICIENT_CAPACITY) != "True":
+            message = next(
+                c["message"] for c in new["conditions"] if c["type"] == INSUFFICIENT_CAPACITY
+            )
+            self.writer.event(body, "InsufficientCapacity", message, "Warning")
+        result = self._write_status(body, previous, new)
+        return PassResult(writes, len(child_plan.delete), result.status_written)
+
+    def _write_status(
+        self,
+        body: Mapping[str, Any],
+        previous: Mapping[str, Any] | None,
+        new: Mapping[str, Any],
+        event_reason: str | None = None,
+        event_message: str = "",
+    ) -> PassResult:
+        if not status_changed(previous, new):
+            return PassResult(0, 0, False)
+        meta = body["metadata"]
+        self.writer.patch_status(meta["namespace"], meta["name"], _status_patch(previous, new))
+        metrics.STATUS_WRITES.inc()
+        if event_reason and _condition_status(previous, "SpecValid") != "False":
+            self.writer.event(body, event_reason, event_message, "Warning")
+        return PassResult(0, 0, True)
+
+    def _record_changes(
+        self,
+        body: Mapping[str, Any],
+        previous: Mapping[str, Any] | None,
+        replicas: Mapping[str, int],
+        applied: list[dict[str, Any]],
+        observed: Observed,
+    ) -> None:
+        """Events for what a user cares about: children created, pools resized, rollouts."""
+        for manifest in applied:
+            kind, child = manifest["kind"], manifest["metadata"]["name"]
+            ref = observed.child(kind, child)
+            if ref is None:
+                self.writer.event(body, "Created", f"Created {kind} {child}")
+            elif kind == "StatefulSet":
+                role = manifest["metadata"]["labels"][labels.ROLE]
+                if ref.replicas != replicas[role]:
+                    self.writer.event(
+                        body, "Scaled", f"Scaled {role} from {ref.replicas} to {replicas[role]}"
+                    )
+                else:
+                    self.writer.event(body, "Updated", f"Updated {kind} {child}")
+            else:
+                self.writer.event(body, "Updated", f"Updated {kind} {child}")

@@ -1,0 +1,175 @@
+"""The thin kopf shell: watches feed in-memory indexes and a work queue; one reconcile() runs.
+
+Every trigger lands in the same place, `Controller.reconcile()`:
+- the InferenceService's own events (created, changed, and the initial listing when the
+  operator starts, i.e. resume), through `on.event`;
+- events of its children and pods (a pod became ready, someone deleted a StatefulSet);
+- a periodic resync of every service.
+
+Low-level `on.event` handlers are used instead of kopf's on.create/on.update/on.resume because
+those keep per-object bookkeeping in annotations on the user's object: that would be a write
+per change and per restart, which neither GitOps tools nor a 1,000-service cluster want.
+Children are observed through kopf indexes, so a pass costs no API reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from pdfleet import labels
+from pdfleet.controller import Controller
+from pdfleet.reconcile.observed import ChildRef, Observed, PodInfo, child_ref, pod_info
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+
+# group/version/plural of every watched child kind.
+CHILD_RESOURCES: dict[str, tuple[str, str, str]] = {
+    "ServiceAccount": ("", "v1", "serviceaccounts"),
+    "Service": ("", "v1", "services"),
+    "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
+    "StatefulSet": ("apps", "v1", "statefulsets"),
+    "Deployment": ("apps", "v1", "deployments"),
+    "Role": ("rbac.authorization.k8s.io", "v1", "roles"),
+    "RoleBinding": ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+}
+OWNED: dict[str, Any] = {labels.SERVICE: kopf.PRESENT, labels.APP_MANAGED_BY: labels.FIELD_MANAGER}
+
+
+@dataclass
+class WorkQueue:
+    """Coalescing queue of services to reconcile: a burst of pod events is one pass."""
+
+    run: Callable[[Key], Any]
+    workers: int = 4
+    _queue: asyncio.Queue[Key] = field(default_factory=asyncio.Queue)
+    _queued: set[Key] = field(default_factory=set)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def put(self, key: Key) -> None:
+        if key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._work()) for _ in range(self.workers)]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _work(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            try:
+                await asyncio.to_thread(self.run, key)
+            except Exception:  # one bad object must never stop the others
+                log.exception("reconcile of %s/%s failed; retrying later", *key)
+                asyncio.get_running_loop().call_later(5.0, self.put, key)
+
+
+def observed_for(key: Key, indices: Mapping[str, Any]) -> Observed:
+    children: dict[tuple[str, str], ChildRef] = {}
+    for kind in CHILD_RESOURCES:
+        for ref in indices[index_name(kind)].get(key, ()):
+            children[(ref.kind, ref.name)] = ref
+    pods: Iterable[PodInfo] = indices["pods_index"].get(key, ())
+    return Observed(children=children, pods=tuple(pods))
+
+
+def index_name(kind: str) -> str:
+    return f"{kind.lower()}_index"
+
+
+def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: float) -> None:
+    """Register every handler on `registry`, bound to `controller`."""
+    state: dict[str, Any] = {}
+
+    def reconcile_key(key: Key) -> None:
+        indices = state["indices"]
+        bodies = list(indices["isvc_index"].get(key, ()))
+        if not bodies:
+            controller.forget(*key)
+            return
+        controller.reconcile(bodies[0], observed_for(key, indices))
+
+    queue = WorkQueue(run=reconcile_key)
+
+    def owner_key(namespace: str | None, meta_labels: Mapping[str, str]) -> Key:
+        return str(namespace), str(meta_labels[labels.SERVICE])
+
+    @kopf.index(labels.GROUP, labels.VERSION, labels.PLURAL, registry=registry)
+    def isvc_index(
+        namespace: str | None, name: str, body: kopf.Body, **_: Any
+    ) -> dict[Key, dict[str, Any]]:
+        return {(str(namespace), name): {
+            "apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+            "metadata": dict(body.metadata), "spec": dict(body.spec),
+            "status": dict(body.status),
+        }}  # fmt: skip
+
+    for kind, (group, version, plural) in CHILD_RESOURCES.items():
+
+        def child_index(
+            namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+        ) -> dict[Key, ChildRef]:
+            return {owner_key(namespace, labels): child_ref({**body, "kind": body.get("kind")})}
+
+        child_index.__name__ = index_name(kind)
+        kopf.index(group, version, plural, labels=OWNED, id=index_name(kind), registry=registry)(
+            child_index
+        )
+        kopf.on.event(
+            group, version, plural, labels=OWNED, id=f"{kind.lower()}_event", registry=registry
+        )(_trigger_owner(queue, owner_key))
+
+    @kopf.index("", "v1", "pods", labels={labels.SERVICE: kopf.PRESENT}, registry=registry)
+    def pods_index(
+        namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+    ) -> dict[Key, PodInfo]:
+        return {owner_key(namespace, labels): pod_info(body)}
+
+    kopf.on.event(
+        "", "v1", "pods", labels={labels.SERVICE: kopf.PRESENT}, id="pod_event", registry=registry
+    )(_trigger_owner(queue, owner_key))
+
+    @kopf.on.event(labels.GROUP, labels.VERSION, labels.PLURAL, registry=registry)
+    def isvc_event(namespace: str | None, name: str, **_: Any) -> None:
+        queue.put((str(namespace), name))
+
+    @kopf.on.startup(registry=registry)
+    async def start(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
+        state["indices"] = {key: value for key, value in kwargs.items() if key.endswith("_index")}
+        queue.start()
+        state["resync"] = asyncio.create_task(_resync(queue, state["indices"], resync_s))
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop(**_: Any) -> None:
+        state["resync"].cancel()
+        await queue.stop()
+
+
+def _trigger_owner(
+    queue: WorkQueue, owner_key: Callable[[str | None, Mapping[str, str]], Key]
+) -> Callable[..., None]:
+    def trigger(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+        queue.put(owner_key(namespace, labels))
+
+    return trigger
+
+
+async def _resync(queue: WorkQueue, indices: Mapping[str, Any], interval_s: float) -> None:
+    """Reconcile every service periodically: level-based safety net for missed events."""
+    while True:
+        await asyncio.sleep(interval_s)
+        for key in list(indices["isvc_index"].keys()):
+            queue.put(key)

@@ -1,0 +1,179 @@
+"""The only code that writes to the API server: server-side apply, delete, status, Events.
+
+A thin layer over the `kubernetes` client's raw REST calls (no discovery round-trips at start:
+the kinds pdfleet writes are known). Every write goes out under one field manager.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from pdfleet import labels
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Kind:
+    group_version: str
+    plural: str
+
+    def collection(self, namespace: str) -> str:
+        prefix = "/api/v1" if self.group_version == "v1" else f"/apis/{self.group_version}"
+        return f"{prefix}/namespaces/{namespace}/{self.plural}"
+
+
+KINDS: dict[str, Kind] = {
+    "ServiceAccount": Kind("v1", "serviceaccounts"),
+    "Service": Kind("v1", "services"),
+    "ConfigMap": Kind("v1", "configmaps"),
+    "Pod": Kind("v1", "pods"),
+    "Event": Kind("v1", "events"),
+    "PodDisruptionBudget": Kind("policy/v1", "poddisruptionbudgets"),
+    "StatefulSet": Kind("apps/v1", "statefulsets"),
+    "Deployment": Kind("apps/v1", "deployments"),
+    "Role": Kind("rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
+    labels.KIND: Kind(labels.API_VERSION, labels.PLURAL),
+}
+
+
+def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """An ApiClient from the given kubeconfig, $KUBECONFIG, ~/.kube/config or in-cluster."""
+    if kubeconfig is None:
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+            return client.ApiClient()
+        except config.ConfigException:
+            pass
+    configuration = client.Configuration()
+    config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=kubeconfig, client_configuration=configuration
+    )
+    return client.ApiClient(configuration)
+
+
+class KubeWriter:
+    """Server-side apply and friends for one field manager."""
+
+    def __init__(self, api: client.ApiClient, field_manager: str = labels.FIELD_MANAGER):
+        self.api = api
+        self.field_manager = field_manager
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: list[tuple[str, Any]] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        """One REST call; raises ApiException (or its 404/409/... subclasses) on failure."""
+        method, url, headers, payload, post = self.api.param_serialize(
+            method,
+            path,
+            query_params=query or [],
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(method, url, headers, payload, post)
+        data: bytes | None = response.read()  # type: ignore[no-untyped-call]
+        if not 200 <= response.status <= 299:
+            raise ApiException.from_response(
+                http_resp=response, body=data.decode(errors="replace") if data else None, data=None
+            )
+        loaded: dict[str, Any] = json.loads(data) if data else {}
+        return loaded
+
+    def apply(self, manifest: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+        """Server-side apply; force: pdfleet owns the fields it sets on its children."""
+        kind = KINDS[str(manifest["kind"])]
+        name = manifest["metadata"]["name"]
+        return self._call(
+            "PATCH",
+            f"{kind.collection(namespace)}/{name}",
+            body=json.dumps(manifest),
+            query=[("fieldManager", self.field_manager), ("force", "true")],
+            content_type="application/apply-patch+yaml",
+        )
+
+    def delete(self, kind_name: str, name: str, namespace: str) -> None:
+        kind = KINDS[kind_name]
+        try:
+            self._call(
+                "DELETE",
+                f"{kind.collection(namespace)}/{name}",
+                body={"propagationPolicy": "Background"},
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """Replace the whole status in one merge patch on the status subresource. Keys that
+        disappeared are nulled so the merge removes them."""
+        kind = KINDS[labels.KIND]
+        self._call(
+            "PATCH",
+            f"{kind.collection(namespace)}/{name}/status",
+            body={"status": dict(status)},
+            content_type="application/merge-patch+json",
+        )
+
+    def patch_merge(
+        self, kind_name: str, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> None:
+        kind = KINDS[kind_name]
+        self._call(
+            "PATCH",
+            f"{kind.collection(namespace)}/{name}",
+            body=dict(patch),
+            content_type="application/merge-patch+json",
+        )
+
+    def event(
+        self,
+        involved: Mapping[str, Any],
+        reason: str,
+        message: str,
+        type_: str = "Normal",
+    ) -> None:
+        """A core/v1 Event about an object; failures are logged, never raised (an Event must
+        not fail a reconcile)."""
+        meta = involved.get("metadata") or {}
+        namespace = str(meta.get("namespace") or "default")
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name')}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion"),
+                "kind": involved.get("kind"),
+                "name": meta.get("name"),
+                "namespace": namespace,
+                "uid": meta.get("uid"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": self.field_manager},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self._call("POST", KINDS["Event"].collection(namespace), body=body)
+        except ApiException as error:
+            log.warning(
+                "could not record event %s on %s: %s", reason, meta.get("name"), error.reason
+            )

@@ -1,0 +1,170 @@
+"""Leader election on a coordination.k8s.io Lease: one active operator replica at a time.
+
+Standby replicas wait to acquire the Lease; the leader renews it. A leader that cannot renew
+before the lease expires stops itself (the process exits and its pod restarts as a standby),
+so two replicas never reconcile at once for longer than one renew attempt. This is the
+client-go/controller-runtime scheme, chosen over kopf peering because it needs no extra CRD
+and no cluster-wide rights.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _micro(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    holder: str | None
+    renewed: datetime | None
+    duration_s: int
+    transitions: int
+
+
+def can_take(state: LeaseState, identity: str, now: datetime) -> bool:
+    """Pure: may `identity` hold the lease now (it holds it, or the holder let it expire)?"""
+    if state.holder in (None, "", identity) or state.renewed is None:
+        return True
+    return now >= state.renewed + timedelta(seconds=state.duration_s)
+
+
+class LeaderElector:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        namespace: str,
+        name: str,
+        identity: str,
+        lease_duration_s: int = 15,
+        renew_every_s: float = 5.0,
+        clock: Callable[[], datetime] = _now,
+    ):
+        self.coordination = client.CoordinationV1Api(api)
+        self.namespace, self.name, self.identity = namespace, name, identity
+        self.duration_s = lease_duration_s
+        self.renew_every_s = renew_every_s
+        self.clock = clock
+
+    def _read(self) -> tuple[Any, LeaseState] | None:
+        try:
+            lease = self.coordination.read_namespaced_lease(self.name, self.namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        spec = lease.spec or client.V1LeaseSpec()
+        return lease, LeaseState(
+            holder=spec.holder_identity,
+            renewed=_parse(spec.renew_time),
+            duration_s=int(spec.lease_duration_seconds or self.duration_s),
+            transitions=int(spec.lease_transitions or 0),
+        )
+
+    def try_acquire_or_renew(self) -> bool:
+        """One attempt; True when this identity holds the lease afterwards."""
+        now = self.clock()
+        spec: dict[str, Any] = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": self.duration_s,
+            "renewTime": _micro(now),
+        }
+        found = self._read()
+        try:
+            if found is None:
+                body = {
+                    "metadata": {"name": self.name},
+                    "spec": {**spec, "acquireTime": _micro(now), "leaseTransitions": 0},
+                }
+                self.coordination.create_namespaced_lease(self.namespace, body)  # type: ignore[arg-type]
+                return True
+            lease, state = found
+            if not can_take(state, self.identity, now):
+                return False
+            if state.holder != self.identity:
+                spec["acquireTime"] = _micro(now)
+                spec["leaseTransitions"] = state.transitions + 1
+            # resourceVersion makes this a compare-and-swap: a racing replica gets 409.
+            body = {
+                "metadata": {"name": self.name, "resourceVersion": lease.metadata.resource_version},
+                "spec": spec,
+            }
+            self.coordination.replace_namespaced_lease(self.name, self.namespace, body)  # type: ignore[arg-type]
+            return True
+        except ApiException as error:
+            if error.status in (409, 422):
+                return False
+            raise
+
+    def wait_for_leadership(self, stop: threading.Event) -> bool:
+        log.info("waiting for leader lease %s/%s as %s", self.namespace, self.name, self.identity)
+        while not stop.is_set():
+            try:
+                if self.try_acquire_or_renew():
+                    log.info("acquired leader lease %s/%s", self.namespace, self.name)
+                    return True
+            except ApiException as error:
+                log.warning("lease check failed: %s", error.reason)
+            stop.wait(self.renew_every_s)
+        return False
+
+    def keep_renewing(self, stop: threading.Event, on_lost: Callable[[], None]) -> None:
+        """Renew until `stop`; call `on_lost` once renewal has failed for a whole lease."""
+        last_ok = self.clock()
+        while not stop.wait(self.renew_every_s):
+            try:
+                if self.try_acquire_or_renew():
+                    last_ok = self.clock()
+                    continue
+                log.error("leader lease %s/%s taken by another replica", self.namespace, self.name)
+            except ApiException as error:
+                log.warning("lease renewal failed: %s", error.reason)
+                if self.clock() - last_ok < timedelta(seconds=self.duration_s):
+                    continue
+            on_lost()
+            return
+
+    def release(self) -> None:
+        """Give the lease up on a clean shutdown so a standby takes over at once."""
+        found = self._read()
+        if found is None or found[1].holder != self.identity:
+            return
+        lease = found[0]
+        expired = self.clock() - timedelta(seconds=self.duration_s)
+        spec = {
+            "holderIdentity": "",
+            "leaseDurationSeconds": self.duration_s,
+            "renewTime": _micro(expired),
+        }
+        body = {
+            "metadata": {"name": self.name, "resourceVersion": lease.metadata.resource_version},
+            "spec": spec,
+        }
+        try:
+            self.coordination.replace_namespaced_lease(self.name, self.namespace, body)  # type: ignore[arg-type]
+        except ApiException as error:
+            log.warning("could not release the lease: %s", error.reason)

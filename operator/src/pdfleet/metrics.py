@@ -1,0 +1,23 @@
+"""The operator's own Prometheus metrics (served by `pdfleet operator run --metrics-port`)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+RECONCILE_DURATION = Histogram(
+    "pdfleet_reconcile_duration_seconds",
+    "Time of one reconcile pass of one InferenceService.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+RECONCILE_ERRORS = Counter(
+    "pdfleet_reconcile_errors_total",
+    "Reconcile passes that failed, by reason (HTTP status or exception type).",
+    ["reason"],
+)
+CHILD_WRITES = Counter(
+    "pdfleet_child_writes_total", "Child objects applied or deleted by the operator."
+)
+STATUS_WRITES = Counter(
+    "pdfleet_status_writes_total", "InferenceService status updates written by the operator."
+)
+LEADER = Gauge("pdfleet_leader", "1 while this operator replica holds the leader lease.")

@@ -1,0 +1,103 @@
+"""Plan one reconcile pass: desired children + observed children -> writes, deletes, status.
+
+Pure: the I/O layer (pdfleet.kube) executes the plan. A child is written only when what we
+would apply differs from what we applied last time (a hash of the manifest, kept in an
+annotation) or another writer changed its replica count, so an unchanged InferenceService
+costs no API writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdfleet import labels
+from pdfleet.api.v1alpha1 import InferenceService
+from pdfleet.reconcile.observed import APPLIED_HASH, ChildRef, Observed
+from pdfleet.render import Manifest, RenderConfig, render_children
+
+# Kinds the operator creates; anything of these kinds labelled for a service and not
+# desired any more is an orphan and gets deleted.
+OWNED_KINDS = (
+    "ServiceAccount",
+    "Service",
+    "PodDisruptionBudget",
+    "StatefulSet",
+    "Role",
+    "RoleBinding",
+    "Deployment",
+)
+SCALABLE_KINDS = ("StatefulSet", "Deployment")
+
+
+def manifest_hash(manifest: Manifest) -> str:
+    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def with_hash(manifest: Manifest) -> Manifest:
+    """The manifest carrying the hash of itself, so the next pass can tell it is unchanged."""
+    digest = manifest_hash(manifest)
+    meta = dict(manifest["metadata"])
+    meta["annotations"] = {**meta.get("annotations", {}), APPLIED_HASH: digest}
+    return {**manifest, "metadata": meta}
+
+
+def _key(manifest: Manifest) -> tuple[str, str]:
+    return str(manifest["kind"]), str(manifest["metadata"]["name"])
+
+
+def needs_write(desired: Manifest, observed: ChildRef | None) -> bool:
+    if observed is None:
+        return True
+    if observed.applied_hash != desired["metadata"]["annotations"][APPLIED_HASH]:
+        return True
+    # Someone else scaled it (kubectl scale, an HPA): take the count back.
+    return desired["kind"] in SCALABLE_KINDS and observed.replicas != desired["spec"]["replicas"]
+
+
+@dataclass(frozen=True)
+class ChildPlan:
+    """The writes and deletes one pass needs."""
+
+    apply: list[Manifest] = field(default_factory=list)
+    delete: list[tuple[str, str]] = field(default_factory=list)
+    unchanged: int = 0
+
+
+def plan_children(desired: Sequence[Manifest], observed: Observed) -> ChildPlan:
+    stamped = [with_hash(manifest) for manifest in desired]
+    wanted = {_key(manifest) for manifest in stamped}
+    apply = [m for m in stamped if needs_write(m, observed.child(*_key(m)))]
+    delete = sorted(key for key in observed.children if key not in wanted)
+    return ChildPlan(apply=apply, delete=delete, unchanged=len(stamped) - len(apply))
+
+
+def desired_replicas(isvc: InferenceService, status: Mapping[str, Any] | None) -> dict[str, int]:
+    """How many workers each pool should have now.
+
+    Without autoscaling it is the spec's starting count. With it, the autoscaler's last
+    decision (kept in status, never in the spec) clamped to the current bounds, so editing
+    min/max takes effect at once."""
+    result = {}
+    for role in labels.WORKER_ROLES:
+        bounds = isvc.spec.role(role).replicas
+        decided = ((status or {}).get(role) or {}).get("desired")
+        if not isvc.spec.autoscaling.enabled or decided is None:
+            result[role] = bounds.start
+        else:
+            result[role] = min(max(int(decided), bounds.min), bounds.max)
+    return result
+
+
+def plan(
+    isvc: InferenceService,
+    observed: Observed,
+    status: Mapping[str, Any] | None,
+    config: RenderConfig | None = None,
+) -> tuple[dict[str, int], ChildPlan]:
+    replicas = desired_replicas(isvc, status)
+    return replicas, plan_children(render_children(isvc, replicas, config), observed)

@@ -1,0 +1,222 @@
+"""Compute the InferenceService status from what was observed: pure, written once per pass.
+
+Conditions follow kstatus: `Ready` (True when the fleet serves as specified), `Reconciling`
+(True while converging), `Stalled` (True when it cannot converge without help). Specific
+conditions say why: `RouterReady`, `InsufficientCapacity` (pods the scheduler cannot place,
+with its message), `SpecValid` (what only the operator can check).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pdfleet import labels
+from pdfleet.api.v1alpha1 import InferenceService
+from pdfleet.reconcile.observed import Observed, PodInfo
+from pdfleet.render.common import child_name
+from pdfleet.render.router import endpoint
+
+READY = "Ready"
+RECONCILING = "Reconciling"
+STALLED = "Stalled"
+ROUTER_READY = "RouterReady"
+INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+SPEC_VALID = "SpecValid"
+
+# Pods unschedulable for this long make the service Stalled (before that: Reconciling), so a
+# cluster autoscaler gets time to add nodes before GitOps tools report a failure.
+STALL_AFTER_S = 120.0
+
+
+@dataclass(frozen=True)
+class ConditionValue:
+    type: str
+    status: bool
+    reason: str
+    message: str = ""
+
+
+def role_status(pods: Sequence[PodInfo], desired: int) -> dict[str, Any]:
+    live = [p for p in pods if not p.terminating]
+    ready = sum(1 for p in live if p.ready and not p.draining_since)
+    return {
+        "desired": desired,
+        "replicas": len(live),
+        "ready": ready,
+        "pending": sum(1 for p in live if p.pending),
+        "draining": sum(1 for p in pods if p.draining_since),
+        "summary": f"{ready}/{desired}",
+    }
+
+
+def _age_s(since: str | None, now: datetime) -> float:
+    if not since:
+        return 0.0
+    return (now - datetime.fromisoformat(since.replace("Z", "+00:00"))).total_seconds()
+
+
+def _capacity_condition(pods: Sequence[PodInfo]) -> ConditionValue:
+    stuck = [p for p in pods if p.unschedulable and not p.terminating]
+    if not stuck:
+        return ConditionValue(INSUFFICIENT_CAPACITY, False, "AllPodsScheduled")
+    names = ", ".join(p.name for p in stuck[:5])
+    return ConditionValue(
+        INSUFFICIENT_CAPACITY, True, "Unschedulable", f"{names}: {stuck[0].unschedulable}"
+    )
+
+
+def _router_condition(isvc: InferenceService, observed: Observed) -> ConditionValue:
+    if isvc.spec.router.type != "vllm-router":
+        return ConditionValue(ROUTER_READY, True, "External", "requests go through your gateway")
+    ref = observed.child("Deployment", child_name(isvc, labels.ROLE_ROUTER))
+    if ref is None or ref.available_replicas < 1:
+        return ConditionValue(
+            ROUTER_READY, False, "RouterUnavailable", "no router replica is ready"
+        )
+    return ConditionValue(
+        ROUTER_READY, True, "RouterAvailable", f"{ref.available_replicas} router replica(s) ready"
+    )
+
+
+def rolled_out(isvc: InferenceService, observed: Observed) -> bool:
+    """Every pool's StatefulSet has seen its latest spec and replaced all its pods."""
+    for role in labels.WORKER_ROLES:
+        ref = observed.child("StatefulSet", child_name(isvc, role))
+        if ref is None or ref.observed_generation < ref.generation:
+            return False
+        if ref.updated_replicas < (ref.replicas or 0):
+            return False
+    return True
+
+
+def _pools_message(roles: Mapping[str, Mapping[str, Any]]) -> str:
+    return ", ".join(f"{role} {s['ready']}/{s['desired']} ready" for role, s in roles.items())
+
+
+def conditions(
+    isvc: InferenceService,
+    observed: Observed,
+    roles: Mapping[str, Mapping[str, Any]],
+    now: datetime,
+    writes: int,
+) -> list[ConditionValue]:
+    router = _router_condition(isvc, observed)
+    capacity = _capacity_condition(observed.pods)
+    pools_ready = all(s["ready"] >= max(1, s["desired"]) for s in roles.values())
+    pools_settled = all(s["replicas"] == s["desired"] and not s["draining"] for s in roles.values())
+    ready = pools_ready and router.status and writes == 0 and rolled_out(isvc, observed)
+    stuck_since = min(
+        (_age_s(p.unschedulable_since, now) for p in observed.pods if p.unschedulable),
+        default=0.0,
+    )
+    stalled = capacity.status and stuck_since >= STALL_AFTER_S
+    if ready:
+        ready_value = ConditionValue(READY, True, "Serving", _pools_message(roles))
+    else:
+        reason = "InsufficientCapacity" if capacity.status else "PoolsNotReady"
+        if pools_ready and not router.status:
+            reason = "RouterNotReady"
+        ready_value = ConditionValue(READY, False, reason, _pools_message(roles))
+    if stalled:
+        reconciling = ConditionValue(RECONCILING, False, "Stalled", capacity.message)
+    elif not ready or not pools_settled:
+        reconciling = ConditionValue(RECONCILING, True, "Progressing", _pools_message(roles))
+    else:
+        reconciling = ConditionValue(RECONCILING, False, "Reconciled")
+    stalled_value = (
+        ConditionValue(STALLED, True, "InsufficientCapacity", capacity.message)
+        if stalled
+        else ConditionValue(STALLED, False, "Progressing" if not ready else "Reconciled")
+    )
+    return [
+        ready_value,
+        reconciling,
+        stalled_value,
+        router,
+        capacity,
+        ConditionValue(SPEC_VALID, True, "Valid"),
+    ]
+
+
+def merge_conditions(
+    previous: Sequence[Mapping[str, Any]],
+    values: Sequence[ConditionValue],
+    generation: int | None,
+    now: datetime,
+) -> list[dict[str, Any]]:
+    """metav1.Condition dicts; lastTransitionTime moves only when the status flips."""
+    before = {c.get("type"): c for c in previous}
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    merged = []
+    for value in values:
+        status = "True" if value.status else "False"
+        old = before.get(value.type) or {}
+        changed = old.get("status") != status
+        merged.append(
+            {
+                "type": value.type,
+                "status": status,
+                "reason": value.reason,
+                "message": value.message,
+                "lastTransitionTime": stamp if changed else old.get("lastTransitionTime", stamp),
+            }
+        )
+        if generation is not None:
+            merged[-1]["observedGeneration"] = generation
+    return merged
+
+
+def compute_status(
+    isvc: InferenceService,
+    observed: Observed,
+    previous: Mapping[str, Any] | None,
+    desired: Mapping[str, int],
+    now: datetime,
+    writes: int,
+) -> dict[str, Any]:
+    """The full status for this pass. Fields another writer owns (autoscaler, slo) are kept."""
+    previous = dict(previous or {})
+    roles = {role: role_status(observed.pods_of(role), desired[role]) for role in desired}
+    values = conditions(isvc, observed, roles, now, writes)
+    status: dict[str, Any] = {
+        **{k: v for k, v in previous.items() if k in ("slo", "autoscaler")},
+        "observedGeneration": isvc.metadata.generation,
+        "conditions": merge_conditions(
+            previous.get("conditions") or [], values, isvc.metadata.generation, now
+        ),
+        **roles,
+    }
+    url = endpoint(isvc)
+    if url:
+        status["endpoint"] = url
+    return status
+
+
+def invalid_status(
+    previous: Mapping[str, Any] | None, generation: int | None, message: str, now: datetime
+) -> dict[str, Any]:
+    """Status for a spec the API server accepted but the operator cannot use (for example one
+    written before a CRD upgrade): Stalled with the reason, nothing else touched."""
+    previous = dict(previous or {})
+    values = [
+        ConditionValue(READY, False, "InvalidSpec", message),
+        ConditionValue(RECONCILING, False, "InvalidSpec", message),
+        ConditionValue(STALLED, True, "InvalidSpec", message),
+        ConditionValue(SPEC_VALID, False, "InvalidSpec", message),
+    ]
+    conditions_ = merge_conditions(previous.get("conditions") or [], values, generation, now)
+    kept = [
+        c for c in previous.get("conditions") or [] if c.get("type") not in {v.type for v in values}
+    ]
+    status = {**previous, "conditions": conditions_ + kept}
+    if generation is not None:
+        status["observedGeneration"] = generation
+    return status
+
+
+def status_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    """Whether writing `new` would change anything (the status is written only then)."""
+    return dict(old or {}) != dict(new)

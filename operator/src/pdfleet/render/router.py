@@ -1,0 +1,162 @@
+"""Render the P/D router: vllm-router in --vllm-pd-disaggregation mode, with its RBAC.
+
+Workers join the router through its Kubernetes service discovery (pods of the service's pools
+that are Running and Ready); vllm-router 0.1.17 has no runtime add over HTTP in static P/D mode
+(docs/drain.md). Discovery is confined to the service's namespace, so the router needs only a
+namespaced Role to watch pods. The admin API shares the serving port, so keep clients on /v1/*
+through a path-filtering front (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pdfleet import labels
+from pdfleet.api.types import parse_duration
+from pdfleet.api.v1alpha1 import InferenceService
+from pdfleet.render.common import (
+    Manifest,
+    RenderConfig,
+    child_name,
+    common_labels,
+    metadata,
+    quantity_map,
+    selector_labels,
+)
+
+ROUTER = labels.ROLE_ROUTER
+
+
+def _selector_args(isvc: InferenceService, role: str) -> list[str]:
+    return [f"{key}={value}" for key, value in selector_labels(isvc, role).items()]
+
+
+def router_args(isvc: InferenceService) -> list[str]:
+    """The vllm-router command line (flags as of 0.1.17)."""
+    spec = isvc.spec
+    router = spec.router
+    interval = max(1, math.ceil(parse_duration(router.health_check_interval)))
+    return [
+        "--vllm-pd-disaggregation",
+        "--kv-connector", "nixl",
+        "--host", "0.0.0.0",
+        "--port", str(router.port),
+        "--prometheus-host", "0.0.0.0",
+        "--prometheus-port", str(router.metrics_port),
+        "--policy", router.policy,
+        "--service-discovery",
+        "--service-discovery-namespace", str(isvc.metadata.namespace or "default"),
+        # The --help default (80) differs from the docs (8000): always set it.
+        "--service-discovery-port", str(spec.engine.port),
+        "--prefill-selector", *_selector_args(isvc, labels.ROLE_PREFILL),
+        "--decode-selector", *_selector_args(isvc, labels.ROLE_DECODE),
+        # A dead worker gets requests until the checker notices: check often.
+        "--health-check-interval-secs", str(interval),
+        "--health-failure-threshold", "2",
+        "--log-level", "info",
+    ]  # fmt: skip
+
+
+def router_deployment(isvc: InferenceService, config: RenderConfig) -> Manifest:
+    router = isvc.spec.router
+    name = child_name(isvc, ROUTER)
+    probe_port = {"port": "http"}
+    container: dict[str, Any] = {
+        "name": "router",
+        "image": router.image or config.router_image,
+        "command": ["vllm-router"],
+        "args": router_args(isvc),
+        "ports": [
+            {"name": "http", "containerPort": router.port, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": router.metrics_port, "protocol": "TCP"},
+        ],
+        # /health is 503 as soon as any one worker is unhealthy: probe /liveness and /readiness.
+        "livenessProbe": {"httpGet": {"path": "/liveness", **probe_port}, "periodSeconds": 10},
+        "readinessProbe": {"httpGet": {"path": "/readiness", **probe_port}, "periodSeconds": 5},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    resources = {
+        key: quantity_map(values)
+        for key, values in (
+            ("requests", router.resources.requests),
+            ("limits", router.resources.limits),
+        )
+        if values
+    }
+    if resources:
+        container["resources"] = resources
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(isvc, name, ROUTER),
+        "spec": {
+            "replicas": router.replicas,
+            "selector": {"matchLabels": selector_labels(isvc, ROUTER)},
+            "template": {
+                "metadata": {"labels": common_labels(isvc, ROUTER)},
+                "spec": {
+                    "serviceAccountName": name,
+                    "enableServiceLinks": False,
+                    "containers": [container],
+                },
+            },
+        },
+    }
+
+
+def router_service(isvc: InferenceService) -> Manifest:
+    router = isvc.spec.router
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(isvc, child_name(isvc, ROUTER), ROUTER),
+        "spec": {
+            "selector": selector_labels(isvc, ROUTER),
+            "ports": [
+                {"name": "http", "port": router.port, "targetPort": "http"},
+                {"name": "metrics", "port": router.metrics_port, "targetPort": "metrics"},
+            ],
+        },
+    }
+
+
+def router_rbac(isvc: InferenceService) -> list[Manifest]:
+    """ServiceAccount, Role and RoleBinding for pod discovery in the service's namespace."""
+    name = child_name(isvc, ROUTER)
+    meta = metadata(isvc, name, ROUTER)
+    subject: dict[str, Any] = {"kind": "ServiceAccount", "name": name}
+    if isvc.metadata.namespace:
+        subject["namespace"] = isvc.metadata.namespace
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta,
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [subject],
+        },
+    ]
+
+
+def endpoint(isvc: InferenceService) -> str | None:
+    """The URL clients use, or None when the router is external."""
+    if isvc.spec.router.type != "vllm-router":
+        return None
+    namespace = isvc.metadata.namespace or "default"
+    return f"http://{child_name(isvc, ROUTER)}.{namespace}.svc:{isvc.spec.router.port}"

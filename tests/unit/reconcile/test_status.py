@@ -1,0 +1,160 @@
+"""Status: per-role counts, kstatus conditions, stable transition times, no needless writes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from pdfleet.api.v1alpha1 import InferenceService
+from pdfleet.reconcile.observed import ChildRef, Observed, PodInfo
+from pdfleet.reconcile.status import compute_status, invalid_status, status_changed
+from tests.spec_cases import sample
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def _service() -> InferenceService:
+    obj = sample("minimal")
+    obj["metadata"].update(namespace="ns", uid="u1", generation=3)
+    return InferenceService.model_validate(obj)
+
+
+def _pod(role: str, ordinal: int, **fields: Any) -> PodInfo:
+    base: dict[str, Any] = {"phase": "Running", "ready": True}
+    return PodInfo(
+        name=f"llama-8b-{role}-{ordinal}", role=role, ordinal=ordinal, **{**base, **fields}
+    )
+
+
+def _sts(role: str, replicas: int = 1, updated: int = 1, generation: int = 1) -> ChildRef:
+    return ChildRef(
+        kind="StatefulSet", name=f"llama-8b-{role}", applied_hash="h", replicas=replicas,
+        updated_replicas=updated, generation=generation, observed_generation=generation,
+    )  # fmt: skip
+
+
+def _router(available: int) -> ChildRef:
+    return ChildRef(kind="Deployment", name="llama-8b-router", applied_hash="h", replicas=1,
+                    available_replicas=available)  # fmt: skip
+
+
+def _observed(pods: list[PodInfo], router: int = 1, **sts: ChildRef) -> Observed:
+    children = {
+        ("StatefulSet", f"llama-8b-{r}"): sts.get(r, _sts(r)) for r in ("prefill", "decode")
+    }
+    children[("Deployment", "llama-8b-router")] = _router(router)
+    return Observed(children=children, pods=tuple(pods))
+
+
+def _conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+DESIRED = {"prefill": 1, "decode": 1}
+ALL_READY = [_pod("prefill", 0), _pod("decode", 0)]
+
+
+@pytest.mark.parametrize(
+    ("pods", "router", "writes", "ready", "reconciling", "stalled"),
+    [
+        (ALL_READY, 1, 0, "True", "False", "False"),
+        (ALL_READY, 1, 2, "False", "True", "False"),  # just wrote children: not settled yet
+        (ALL_READY, 0, 0, "False", "True", "False"),  # router not available
+        ([_pod("prefill", 0), _pod("decode", 0, ready=False)], 1, 0, "False", "True", "False"),
+        (
+            [_pod("prefill", 0), _pod("decode", 0, draining_since="t")],
+            1,
+            0,
+            "False",
+            "True",
+            "False",
+        ),
+    ],
+)
+def test_kstatus_conditions(
+    pods: list[PodInfo], router: int, writes: int, ready: str, reconciling: str, stalled: str
+) -> None:
+    status = compute_status(_service(), _observed(pods, router), None, DESIRED, NOW, writes)
+    conditions = _conditions(status)
+    assert (conditions["Ready"][0], conditions["Reconciling"][0], conditions["Stalled"][0]) == (
+        ready, reconciling, stalled,
+    )  # fmt: skip
+    assert status["observedGeneration"] == 3
+    assert all(c["observedGeneration"] == 3 for c in status["conditions"])
+
+
+def test_rollout_in_progress_is_not_ready() -> None:
+    observed = _observed(ALL_READY, decode=_sts("decode", replicas=1, updated=0))
+    status = compute_status(_service(), observed, None, DESIRED, NOW, 0)
+    assert _conditions(status)["Ready"][0] == "False"
+
+
+def _unschedulable(since: datetime) -> PodInfo:
+    return _pod(
+        "decode", 0, phase="Pending", ready=False,
+        unschedulable="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+        unschedulable_since=since.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    )  # fmt: skip
+
+
+def test_insufficient_capacity_names_the_scheduler_reason_then_stalls() -> None:
+    fresh = [_pod("prefill", 0), _unschedulable(NOW - timedelta(seconds=10))]
+    status = compute_status(_service(), _observed(fresh), None, DESIRED, NOW, 0)
+    conditions = _conditions(status)
+    assert conditions["InsufficientCapacity"] == ("True", "Unschedulable")
+    assert conditions["Stalled"][0] == "False" and conditions["Reconciling"][0] == "True"
+    message = next(
+        c["message"] for c in status["conditions"] if c["type"] == "InsufficientCapacity"
+    )
+    assert "Insufficient nvidia.com/gpu" in message
+    assert status["decode"]["pending"] == 1
+
+    old = [_pod("prefill", 0), _unschedulable(NOW - timedelta(minutes=5))]
+    conditions = _conditions(compute_status(_service(), _observed(old), None, DESIRED, NOW, 0))
+    assert conditions["Stalled"] == ("True", "InsufficientCapacity")
+    assert conditions["Reconciling"][0] == "False"
+
+
+def test_role_counts_and_summary() -> None:
+    pods = [
+        _pod("decode", 0),
+        _pod("decode", 1, draining_since="t"),
+        _pod("decode", 2, phase="Pending", ready=False),
+        _pod("decode", 3, terminating=True, ready=False),
+    ]
+    status = compute_status(_service(), _observed(pods), None, {"prefill": 0, "decode": 2}, NOW, 0)
+    assert status["decode"] == {
+        "desired": 2, "replicas": 3, "ready": 1, "pending": 1, "draining": 1, "summary": "1/2",
+    }  # fmt: skip
+
+
+def test_second_pass_with_nothing_new_writes_nothing() -> None:
+    first = compute_status(_service(), _observed(ALL_READY), None, DESIRED, NOW, 0)
+    later = NOW + timedelta(minutes=10)
+    second = compute_status(_service(), _observed(ALL_READY), first, DESIRED, later, 0)
+    assert not status_changed(first, second)
+
+
+def test_transition_time_moves_only_on_flips() -> None:
+    first = compute_status(_service(), _observed(ALL_READY, router=0), None, DESIRED, NOW, 0)
+    later = NOW + timedelta(minutes=1)
+    second = compute_status(_service(), _observed(ALL_READY), first, DESIRED, later, 0)
+    times = {c["type"]: c["lastTransitionTime"] for c in second["conditions"]}
+    assert times["Ready"] == "2026-11-29T12:01:00Z"
+    assert times["Stalled"] == "2026-11-29T12:00:00Z"
+
+
+def test_autoscaler_fields_survive_a_pass() -> None:
+    previous = {"autoscaler": {"lastDecision": "prefill 1->2"}, "slo": {"ttft": "400ms/1s"}}
+    status = compute_status(_service(), _observed(ALL_READY), previous, DESIRED, NOW, 0)
+    assert status["autoscaler"] == previous["autoscaler"] and status["slo"] == previous["slo"]
+
+
+def test_invalid_spec_is_stalled_with_the_message() -> None:
+    status = invalid_status(None, 4, "spec.prefill.replicas.min: bad", NOW)
+    conditions = _conditions(status)
+    assert conditions["Stalled"] == ("True", "InvalidSpec")
+    assert conditions["SpecValid"] == ("False", "InvalidSpec")
+    assert status["observedGeneration"] == 4
