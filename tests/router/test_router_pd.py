@@ -36,18 +36,31 @@ def _router_binary() -> str:
 def fleet(tmp_path: Path) -> Iterator[tuple[str, list[SimProc], list[SimProc]]]:
     procs: list[Proc] = []
     with stopping(procs):
-        prefills = [start_sim(str(tmp_path), extra=SIM_ARGS, name=f"prefill{i}")
-                    for i in range(2)]
+        prefills = [start_sim(str(tmp_path), extra=SIM_ARGS, name=f"prefill{i}") for i in range(2)]
         procs.extend(prefills)
-        decodes = [start_sim(str(tmp_path), extra=SIM_ARGS, name=f"decode{i}")
-                   for i in range(2)]
+        decodes = [start_sim(str(tmp_path), extra=SIM_ARGS, name=f"decode{i}") for i in range(2)]
         procs.extend(decodes)
         port, prom = free_port(), free_port()
-        argv = [_router_binary(), "--vllm-pd-disaggregation",
-                "--host", "127.0.0.1", "--port", str(port),
-                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
-                "--policy", "round_robin", "--health-check-interval-secs", "1",
-                "--worker-startup-check-interval", "1", "--worker-startup-timeout-secs", "20"]
+        argv = [
+            _router_binary(),
+            "--vllm-pd-disaggregation",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(prom),
+            "--policy",
+            "round_robin",
+            "--health-check-interval-secs",
+            "1",
+            "--worker-startup-check-interval",
+            "1",
+            "--worker-startup-timeout-secs",
+            "20",
+        ]
         for p in prefills:
             argv += ["--prefill", p.url]
         for d in decodes:
@@ -93,31 +106,44 @@ def test_every_request_goes_prefill_then_decode_with_valid_params(
     n_each, max_tokens = 4, 12
     with httpx.Client(timeout=20.0) as client:
         for _ in range(n_each):
-            r = client.post(f"{url}/v1/completions",
-                            json={"model": "sim-model", "prompt": prompt,
-                                  "max_tokens": max_tokens})
+            r = client.post(
+                f"{url}/v1/completions",
+                json={"model": "sim-model", "prompt": prompt, "max_tokens": max_tokens},
+            )
             assert r.status_code == 200, r.text
             body = r.json()
             assert body["usage"]["completion_tokens"] == max_tokens
             assert body["choices"][0]["finish_reason"] == "length"
             assert _count_tokens(body["choices"][0]["text"]) == max_tokens
 
-            text = _stream_text(client, f"{url}/v1/completions",
-                                {"model": "sim-model", "prompt": prompt, "stream": True,
-                                 "max_tokens": max_tokens}, chat=False)
+            text = _stream_text(
+                client,
+                f"{url}/v1/completions",
+                {"model": "sim-model", "prompt": prompt, "stream": True, "max_tokens": max_tokens},
+                chat=False,
+            )
             assert _count_tokens(text) == max_tokens
 
-            r = client.post(f"{url}/v1/chat/completions",
-                            json={"model": "sim-model", "messages": messages,
-                                  "max_tokens": max_tokens})
+            r = client.post(
+                f"{url}/v1/chat/completions",
+                json={"model": "sim-model", "messages": messages, "max_tokens": max_tokens},
+            )
             assert r.status_code == 200, r.text
             msg = r.json()["choices"][0]["message"]["content"]
             assert _count_tokens(msg) == max_tokens
 
-            text = _stream_text(client, f"{url}/v1/chat/completions",
-                                {"model": "sim-model", "messages": messages, "stream": True,
-                                 "stream_options": {"include_usage": True},
-                                 "max_tokens": max_tokens}, chat=True)
+            text = _stream_text(
+                client,
+                f"{url}/v1/chat/completions",
+                {
+                    "model": "sim-model",
+                    "messages": messages,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                    "max_tokens": max_tokens,
+                },
+                chat=True,
+            )
             assert _count_tokens(text) == max_tokens
 
     total = 4 * n_each

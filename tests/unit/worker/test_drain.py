@@ -28,8 +28,11 @@ def _background_request(url: str, max_tokens: int) -> tuple[threading.Thread, li
     status: list[int] = []
 
     def run() -> None:
-        r = httpx.post(f"{url}/v1/completions", timeout=30.0,
-                       json={"model": "sim-model", "prompt": "hi", "max_tokens": max_tokens})
+        r = httpx.post(
+            f"{url}/v1/completions",
+            timeout=30.0,
+            json={"model": "sim-model", "prompt": "hi", "max_tokens": max_tokens},
+        )
         status.append(r.status_code)
 
     t = threading.Thread(target=run)
@@ -48,10 +51,16 @@ def _wait_running(url: str) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ('vllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
-         'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0\n', 5.0),
-        ('vllm:num_requests_running{engine="0"} 1.0\nvllm:num_requests_running{engine="1"} 1.0\n'
-         "vllm:num_requests_waiting_by_reason{reason=\"capacity\"} 7.0\n", 2.0),
+        (
+            'vllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0\n',
+            5.0,
+        ),
+        (
+            'vllm:num_requests_running{engine="0"} 1.0\nvllm:num_requests_running{engine="1"} 1.0\n'
+            'vllm:num_requests_waiting_by_reason{reason="capacity"} 7.0\n',
+            2.0,
+        ),
         ("# TYPE vllm:num_requests_running gauge\n", 0.0),
     ],
 )
@@ -64,18 +73,31 @@ def test_prestop_waits_for_in_flight_then_returns(sim: SimProc, tmp_path: Path) 
     assert drain.check_ready(sim.url, marker) == (True, "ok")
     t, status = _background_request(sim.url, max_tokens=150)  # ~0.76 s of decode
     _wait_running(sim.url)
-    env = {"PDFLEET_PORT": str(sim.port), "PDFLEET_DRAIN_FILE": marker,
-           "PDFLEET_DRAIN_TIMEOUT": "10", "PATH": ""}
-    out = subprocess.run([sys.executable, "-m", "pdfleet_worker.agent", "prestop",
-                          "--interval", "0.1"], env=env, capture_output=True, text=True,
-                         timeout=20, check=True)
+    env = {
+        "PDFLEET_PORT": str(sim.port),
+        "PDFLEET_DRAIN_FILE": marker,
+        "PDFLEET_DRAIN_TIMEOUT": "10",
+        "PATH": "",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "pdfleet_worker.agent", "prestop", "--interval", "0.1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=True,
+    )
     assert '"drained": true' in out.stdout
     # By the time preStop returns, the request is finished and the pod reports unready.
     t.join(5)
     assert status == [200]
     assert drain.check_ready(sim.url, marker) == (False, "draining")
-    ready = subprocess.run([sys.executable, "-m", "pdfleet_worker.agent", "ready"], env=env,
-                           capture_output=True, timeout=20)
+    ready = subprocess.run(
+        [sys.executable, "-m", "pdfleet_worker.agent", "ready"],
+        env=env,
+        capture_output=True,
+        timeout=20,
+    )
     assert ready.returncode == 1
 
 

@@ -24,15 +24,26 @@ def _ktc(argv: list[str]) -> dict[str, object]:
 def test_prefill_defaults() -> None:
     argv = build_vllm_command(BASE)
     assert argv == [
-        "vllm", "serve", "/models/llama", "--host", "0.0.0.0", "--port", "8000",
-        "--tensor-parallel-size", "1", "--data-parallel-size", "1",
+        "vllm",
+        "serve",
+        "/models/llama",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--tensor-parallel-size",
+        "1",
+        "--data-parallel-size",
+        "1",
         "--kv-transfer-config",
         '{"kv_connector":"NixlConnector","kv_role":"kv_producer",'
         '"kv_load_failure_policy":"fail","kv_connector_extra_config":{"backends":["UCX"]}}',
-        "--shutdown-timeout", "60",
+        "--shutdown-timeout",
+        "60",
     ]
     assert build_vllm_env(BASE) == {
-        "VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.7", "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.7",
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600",
     }
 
 
@@ -60,8 +71,10 @@ def test_flags(extra: dict[str, str], flag: str, value: str) -> None:
     [
         ({"PDFLEET_ROLE": "decode"}, {"kv_role": "kv_consumer"}),
         ({"PDFLEET_KV_ROLE": "kv_both"}, {"kv_role": "kv_both"}),
-        ({"PDFLEET_KV_BACKENDS": "UCX, LIBFABRIC"},
-         {"kv_connector_extra_config": {"backends": ["UCX", "LIBFABRIC"]}}),
+        (
+            {"PDFLEET_KV_BACKENDS": "UCX, LIBFABRIC"},
+            {"kv_connector_extra_config": {"backends": ["UCX", "LIBFABRIC"]}},
+        ),
         ({"PDFLEET_KV_BUFFER_DEVICE": "cpu"}, {"kv_buffer_device": "cpu"}),
         ({"PDFLEET_KV_LOAD_FAILURE_POLICY": "recompute"}, {"kv_load_failure_policy": "recompute"}),
         ({"PDFLEET_KV_CONNECTOR": "NixlPushConnector"}, {"kv_connector": "NixlPushConnector"}),
@@ -85,8 +98,12 @@ def test_extra_args_appended_last() -> None:
 
 
 def test_sim_engine() -> None:
-    env = {**BASE, "PDFLEET_ENGINE": "sim", "PDFLEET_SIM_PRESET": "llama-3.1-8b-h100",
-           "PDFLEET_SIM_TIME_SCALE": "0.1"}
+    env = {
+        **BASE,
+        "PDFLEET_ENGINE": "sim",
+        "PDFLEET_SIM_PRESET": "llama-3.1-8b-h100",
+        "PDFLEET_SIM_TIME_SCALE": "0.1",
+    }
     argv = build_vllm_command(env)
     assert argv[:2] == ["pdfleet-sim", "/models/llama"]
     assert argv[argv.index("--preset") + 1] == "llama-3.1-8b-h100"

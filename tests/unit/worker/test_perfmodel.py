@@ -174,7 +174,5 @@ def test_step_pure_decode_and_mixed() -> None:
     assert m.step_seconds([], 8, 1000.0) == pytest.approx(m.decode_step_seconds(8, 1000.0))
     share = m.decode_step_seconds(8, 1000.0) - m.decode_d0_ms / 1e3
     # A big chunk dominates the weight read; a tiny one does not.
-    assert m.step_seconds([(4000, 0)], 8, 1000.0) == pytest.approx(
-        m.prefill_seconds(4000) + share
-    )
+    assert m.step_seconds([(4000, 0)], 8, 1000.0) == pytest.approx(m.prefill_seconds(4000) + share)
     assert m.step_seconds([(1, 0)], 8, 1000.0) == pytest.approx(m.decode_step_seconds(8, 1000.0))

@@ -56,8 +56,12 @@ def _metric(text: str, name: str) -> float:
 
 def test_single_request_ttft_and_itl_match_model(sim: SimProc) -> None:
     model = preset(PRESET)
-    body = {"model": "sim-model", "prompt": "tok " * PROMPT_TOKENS,
-            "max_tokens": OUTPUT_TOKENS, "stream": True}
+    body = {
+        "model": "sim-model",
+        "prompt": "tok " * PROMPT_TOKENS,
+        "max_tokens": OUTPUT_TOKENS,
+        "stream": True,
+    }
     with httpx.Client(timeout=30.0) as client:
         # Warm the connection and the server's first streaming path (lazy imports), then
         # measure.
@@ -79,8 +83,10 @@ def test_single_request_ttft_and_itl_match_model(sim: SimProc) -> None:
         model.decode_step_seconds(1, PROMPT_TOKENS + k + 1) for k in range(OUTPUT_TOKENS - 1)
     ) / (OUTPUT_TOKENS - 1)
     got_itl = sum(itls) / len(itls)
-    print(f"TTFT client {stamps[0] * 1e3:.2f} ms vs model {want_ttft * 1e3:.2f} ms; "
-          f"ITL client {got_itl * 1e3:.3f} ms vs model {want_itl * 1e3:.3f} ms")
+    print(
+        f"TTFT client {stamps[0] * 1e3:.2f} ms vs model {want_ttft * 1e3:.2f} ms; "
+        f"ITL client {got_itl * 1e3:.3f} ms vs model {want_itl * 1e3:.3f} ms"
+    )
     assert stamps[0] == pytest.approx(want_ttft, rel=0.05)
     assert got_itl == pytest.approx(want_itl, rel=0.05)
 

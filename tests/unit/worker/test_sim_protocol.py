@@ -16,8 +16,11 @@ FAST = ["--preset", "llama-3.1-8b-h200", "--time-scale", "0.1"]
 
 
 def _post(sim: SimProc, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(f"{sim.url}/v1/completions", timeout=20.0,
-                      json={"model": "sim-model", "prompt": "a b c d", **body})
+    return httpx.post(
+        f"{sim.url}/v1/completions",
+        timeout=20.0,
+        json={"model": "sim-model", "prompt": "a b c d", **body},
+    )
 
 
 def test_prefill_holds_until_lease_expiry_and_decode_fallbacks(tmp_path: Path) -> None:
@@ -45,12 +48,20 @@ def test_prefill_holds_until_lease_expiry_and_decode_fallbacks(tmp_path: Path) -
 
 def test_recompute_policy_and_successful_pull(tmp_path: Path) -> None:
     p = start_sim(str(tmp_path), extra=FAST, name="p")
-    d = start_sim(str(tmp_path), extra=[
-        *FAST, "--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_both",'
-        '"kv_load_failure_policy":"recompute"}'], name="d")
+    d = start_sim(
+        str(tmp_path),
+        extra=[
+            *FAST,
+            "--kv-transfer-config",
+            '{"kv_connector":"NixlConnector","kv_role":"kv_both",'
+            '"kv_load_failure_policy":"recompute"}',
+        ],
+        name="d",
+    )
     try:
-        params = _post(p, {"max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}
-                       ).json()["kv_transfer_params"]
+        params = _post(
+            p, {"max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}
+        ).json()["kv_transfer_params"]
         assert _post(d, {"max_tokens": 2, "kv_transfer_params": params}).status_code == 200
         assert d.stats()["kv_pulls"] == 1 and p.stats()["kv_released"] == 1
         # Read already: a second decode with the same params recomputes instead of failing.

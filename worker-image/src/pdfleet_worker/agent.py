@@ -50,8 +50,15 @@ def cmd_launch(env: Mapping[str, str]) -> int:
 def cmd_prestop(env: Mapping[str, str], interval_s: float) -> int:
     drain.mark_draining(_drain_file(env))
     result = drain.wait_idle(_base_url(env), _drain_timeout(env), interval_s=interval_s)
-    print(json.dumps({"drained": result.drained, "waited_s": round(result.waited_s, 3),
-                      "in_flight": result.last_in_flight}))
+    print(
+        json.dumps(
+            {
+                "drained": result.drained,
+                "waited_s": round(result.waited_s, 3),
+                "in_flight": result.last_in_flight,
+            }
+        )
+    )
     # Exit 0 either way: SIGTERM follows and vLLM's --shutdown-timeout takes over.
     return 0
 
@@ -77,8 +84,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.cmd == "launch":
             sys.exit(cmd_launch(env))
         if args.cmd == "command":
-            print(json.dumps({"argv": launcher.build_vllm_command(env),
-                              "env": launcher.build_vllm_env(env)}, indent=2))
+            print(
+                json.dumps(
+                    {"argv": launcher.build_vllm_command(env), "env": launcher.build_vllm_env(env)},
+                    indent=2,
+                )
+            )
             sys.exit(0)
         if args.cmd == "prestop":
             sys.exit(cmd_prestop(env, args.interval))

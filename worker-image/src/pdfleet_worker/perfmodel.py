@@ -112,15 +112,19 @@ def kv_capacity_tokens(
     gpu: str, gpus: int, params: float, kv_bytes_per_token: int, block_size: int = 16
 ) -> int:
     """Tokens of KV cache one instance holds: 90 % of HBM minus BF16 weights and a reserve."""
-    free = gpus * (
-        _GPU_MEMORY_BYTES[gpu] * _GPU_MEMORY_UTILIZATION - _ACTIVATION_RESERVE_BYTES
-    ) - 2 * params
+    free = (
+        gpus * (_GPU_MEMORY_BYTES[gpu] * _GPU_MEMORY_UTILIZATION - _ACTIVATION_RESERVE_BYTES)
+        - 2 * params
+    )
     tokens = int(free // kv_bytes_per_token)
     return tokens - tokens % block_size
 
 
 def _llama(
-    name: str, gpu: str, tp: int, prefill: tuple[float, float, float],
+    name: str,
+    gpu: str,
+    tp: int,
+    prefill: tuple[float, float, float],
     decode: tuple[float, float, float],
 ) -> PerfModel:
     big = name.startswith("llama-3.1-70b")
@@ -128,8 +132,12 @@ def _llama(
     kv_bytes = _LLAMA_70B_KV_BYTES if big else _LLAMA_8B_KV_BYTES
     return PerfModel(
         name=name,
-        prefill_a_ms=prefill[0], prefill_b_ms=prefill[1], prefill_c_ms=prefill[2],
-        decode_d0_ms=decode[0], decode_d1_ms=decode[1], decode_d2_ms=decode[2],
+        prefill_a_ms=prefill[0],
+        prefill_b_ms=prefill[1],
+        prefill_c_ms=prefill[2],
+        decode_d0_ms=decode[0],
+        decode_d1_ms=decode[1],
+        decode_d2_ms=decode[2],
         kv_bytes_per_token=kv_bytes,
         kv_capacity_tokens=kv_capacity_tokens(gpu, tp, params, kv_bytes),
     )
@@ -138,18 +146,24 @@ def _llama(
 PRESETS: dict[str, PerfModel] = {
     m.name: m
     for m in (
-        _llama("llama-3.1-8b-h200", "h200", 1,
-               (1.48, 2.028e-2, 4.13e-7), (5.02, 0.0113, 2.90e-5)),
-        _llama("llama-3.1-8b-h100", "h100", 1,
-               (1.17, 2.075e-2, 3.73e-7), (6.57, 0.0093, 4.12e-5)),
-        _llama("llama-3.1-70b-h200-tp4", "h200", 4,
-               (-3.31, 6.534e-2, 4.57e-7), (12.00, 0.0353, 1.87e-5)),
-        _llama("llama-3.1-70b-h200-tp8", "h200", 8,
-               (1.98, 3.978e-2, 1.69e-7), (8.22, 0.0258, 9.44e-6)),
-        _llama("llama-3.1-70b-h100-tp4", "h100", 4,
-               (6.24, 6.251e-2, 4.42e-7), (15.21, 0.0326, 2.63e-5)),
-        _llama("llama-3.1-70b-h100-tp8", "h100", 8,
-               (8.91, 3.753e-2, 2.76e-7), (10.09, 0.0240, 1.32e-5)),
+        _llama("llama-3.1-8b-h200", "h200", 1, (1.48, 2.028e-2, 4.13e-7), (5.02, 0.0113, 2.90e-5)),
+        _llama("llama-3.1-8b-h100", "h100", 1, (1.17, 2.075e-2, 3.73e-7), (6.57, 0.0093, 4.12e-5)),
+        _llama(
+            "llama-3.1-70b-h200-tp4",
+            "h200",
+            4,
+            (-3.31, 6.534e-2, 4.57e-7),
+            (12.00, 0.0353, 1.87e-5),
+        ),
+        _llama(
+            "llama-3.1-70b-h200-tp8", "h200", 8, (1.98, 3.978e-2, 1.69e-7), (8.22, 0.0258, 9.44e-6)
+        ),
+        _llama(
+            "llama-3.1-70b-h100-tp4", "h100", 4, (6.24, 6.251e-2, 4.42e-7), (15.21, 0.0326, 2.63e-5)
+        ),
+        _llama(
+            "llama-3.1-70b-h100-tp8", "h100", 8, (8.91, 3.753e-2, 2.76e-7), (10.09, 0.0240, 1.32e-5)
+        ),
     )
 }
 

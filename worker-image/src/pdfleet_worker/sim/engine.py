@@ -297,8 +297,9 @@ class Engine:
             self.pool.release(self.held.pop(rid).blocks)
             self.stats.kv_expired += 1
             self.metrics.nixl_expired.inc()
-            log.warning("freed KV of %s: not read within the %ss lease", rid,
-                        self.config.kv_lease_s)
+            log.warning(
+                "freed KV of %s: not read within the %ss lease", rid, self.config.kv_lease_s
+            )
         if gone:
             self._wake.set()
         return len(gone)
@@ -471,9 +472,7 @@ class Engine:
                 raise PullError("no KV puller configured")
             tokens = await self.puller.read(remote, self.config.engine_id)
             tokens = min(tokens, req.prompt_tokens)
-            seconds = self.model.kv_transfer_seconds(
-                tokens, self.config.kv_bandwidth_bytes_per_s
-            )
+            seconds = self.model.kv_transfer_seconds(tokens, self.config.kv_bandwidth_bytes_per_s)
             await self._sleep(seconds * self.config.time_scale)
             await self.puller.release(remote)
             ok = True
@@ -536,8 +535,9 @@ class Engine:
                         await asyncio.wait_for(self._wake.wait(), timeout=sweep_wall)
                     continue
                 now = self._wall()
-                start = now if deadline is None or now - deadline > _MAX_CATCH_UP_WALL_S \
-                    else deadline
+                start = (
+                    now if deadline is None or now - deadline > _MAX_CATCH_UP_WALL_S else deadline
+                )
                 deadline = start + self.step_seconds(batch) * self.config.time_scale
                 await self._sleep(max(0.0, deadline - self._wall()))
                 self.complete(batch, (deadline - self._t0) / self.config.time_scale)

@@ -84,35 +84,76 @@ def parse_request(kind: Kind, body: Any, default_output_tokens: int) -> Ask:
 
 
 def error_body(message: str, status: int) -> dict[str, Any]:
-    kinds = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError",
-             503: "ServiceUnavailableError"}
-    return {"error": {"message": message, "type": kinds.get(status, "Error"), "param": None,
-                      "code": status}}
+    kinds = {
+        400: "BadRequestError",
+        404: "NotFoundError",
+        500: "InternalServerError",
+        503: "ServiceUnavailableError",
+    }
+    return {
+        "error": {
+            "message": message,
+            "type": kinds.get(status, "Error"),
+            "param": None,
+            "code": status,
+        }
+    }
 
 
 def usage(prompt: int, completion: int) -> dict[str, Any]:
-    return {"prompt_tokens": prompt, "total_tokens": prompt + completion,
-            "completion_tokens": completion, "prompt_tokens_details": None}
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": None,
+    }
 
 
 def _choice(kind: Kind, text: str, finish: str | None, stream: bool, first: bool) -> Any:
     if kind == "completion":
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
-                "stop_reason": None, **({} if stream else {"prompt_logprobs": None})}
+        return {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish,
+            "stop_reason": None,
+            **({} if stream else {"prompt_logprobs": None}),
+        }
     if stream:
         delta: dict[str, Any] = {"content": text}
         if first:
             delta = {"role": "assistant", "content": text}
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
-                "stop_reason": None}
-    return {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None,
-                                    "tool_calls": [], "reasoning_content": None},
-            "logprobs": None, "finish_reason": finish, "stop_reason": None}
+        return {
+            "index": 0,
+            "delta": delta,
+            "logprobs": None,
+            "finish_reason": finish,
+            "stop_reason": None,
+        }
+    return {
+        "index": 0,
+        "message": {
+            "role": "assistant",
+            "content": text,
+            "refusal": None,
+            "tool_calls": [],
+            "reasoning_content": None,
+        },
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": None,
+    }
 
 
 def full_response(
-    kind: Kind, response_id: str, model: str, text: str, finish: str,
-    prompt: int, completion: int, kv_transfer_params: dict[str, Any] | None,
+    kind: Kind,
+    response_id: str,
+    model: str,
+    text: str,
+    finish: str,
+    prompt: int,
+    completion: int,
+    kv_transfer_params: dict[str, Any] | None,
 ) -> dict[str, Any]:
     return {
         "id": response_id,
@@ -129,8 +170,13 @@ def full_response(
 
 
 def chunk(
-    kind: Kind, response_id: str, model: str, created: int, text: str,
-    finish: str | None = None, first: bool = False,
+    kind: Kind,
+    response_id: str,
+    model: str,
+    created: int,
+    text: str,
+    finish: str | None = None,
+    first: bool = False,
     kv_transfer_params: dict[str, Any] | None = None,
 ) -> bytes:
     body: dict[str, Any] = {
@@ -148,11 +194,16 @@ def chunk(
 def usage_chunk(
     kind: Kind, response_id: str, model: str, created: int, prompt: int, completion: int
 ) -> bytes:
-    return sse({
-        "id": response_id,
-        "object": "text_completion" if kind == "completion" else "chat.completion.chunk",
-        "created": created, "model": model, "choices": [], "usage": usage(prompt, completion),
-    })
+    return sse(
+        {
+            "id": response_id,
+            "object": "text_completion" if kind == "completion" else "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [],
+            "usage": usage(prompt, completion),
+        }
+    )
 
 
 def sse(obj: Any) -> bytes:

@@ -56,8 +56,11 @@ class Proc:
     def start(self, env: dict[str, str] | None = None) -> Proc:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.popen = subprocess.Popen(
-            self.argv, stdout=self._log, stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})}, start_new_session=True,
+            self.argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
         )
         return self
 
@@ -98,16 +101,32 @@ class SimProc(Proc):
 
 
 def start_sim(
-    log_dir: str, model: str = "sim-model", extra: Sequence[str] = (),
-    timeout_s: float = 15.0, name: str = "sim",
+    log_dir: str,
+    model: str = "sim-model",
+    extra: Sequence[str] = (),
+    timeout_s: float = 15.0,
+    name: str = "sim",
 ) -> SimProc:
     """A `pdfleet-sim` on 127.0.0.1 with free API and side-channel ports, ready to serve."""
     port, side = free_port(), free_port()
-    argv = [sys.executable, "-m", "pdfleet_worker.sim.server", model,
-            "--host", "127.0.0.1", "--port", str(port),
-            "--side-channel-host", "127.0.0.1", "--side-channel-port", str(side), *extra]
-    p = SimProc(argv, os.path.join(log_dir, f"{name}-{port}.log"), port=port,
-                side_channel_port=side)
+    argv = [
+        sys.executable,
+        "-m",
+        "pdfleet_worker.sim.server",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--side-channel-host",
+        "127.0.0.1",
+        "--side-channel-port",
+        str(side),
+        *extra,
+    ]
+    p = SimProc(
+        argv, os.path.join(log_dir, f"{name}-{port}.log"), port=port, side_channel_port=side
+    )
     p.start()
     try:
         wait_http(f"{p.url}/health", timeout_s, p.popen)

@@ -60,11 +60,23 @@ class Sim:
         return Response(status_code=200)
 
     async def models(self, _: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [{
-            "id": self.model_name, "object": "model", "created": self.created,
-            "owned_by": "vllm", "root": self.model_name, "parent": None,
-            "max_model_len": self.engine.config.max_model_len, "permission": [],
-        }]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model_name,
+                        "object": "model",
+                        "created": self.created,
+                        "owned_by": "vllm",
+                        "root": self.model_name,
+                        "parent": None,
+                        "max_model_len": self.engine.config.max_model_len,
+                        "permission": [],
+                    }
+                ],
+            }
+        )
 
     async def metrics(self, _: Request) -> Response:
         return Response(self.engine.metrics.exposition(), media_type=CONTENT_TYPE)
@@ -78,19 +90,31 @@ class Sim:
     async def tokenize(self, request: Request) -> JSONResponse:
         body = await _body(request)
         n = count_text_tokens(str(body.get("prompt", "")) if isinstance(body, dict) else "")
-        return JSONResponse({"count": n, "max_model_len": self.engine.config.max_model_len,
-                             "tokens": list(range(n)), "token_strs": None})
+        return JSONResponse(
+            {
+                "count": n,
+                "max_model_len": self.engine.config.max_model_len,
+                "tokens": list(range(n)),
+                "token_strs": None,
+            }
+        )
 
     async def stats(self, _: Request) -> JSONResponse:
         e = self.engine
-        return JSONResponse({
-            **e.stats.as_dict(),
-            "engine_id": e.config.engine_id,
-            "running": len(e.running), "waiting": len(e.waiting), "held_now": len(e.held),
-            "kv_free_blocks": e.pool.free, "kv_total_blocks": e.pool.num_blocks,
-            "accepting": e.accepting, "in_flight_http": self.in_flight,
-            "time_scale": e.config.time_scale,
-        })
+        return JSONResponse(
+            {
+                **e.stats.as_dict(),
+                "engine_id": e.config.engine_id,
+                "running": len(e.running),
+                "waiting": len(e.waiting),
+                "held_now": len(e.held),
+                "kv_free_blocks": e.pool.free,
+                "kv_total_blocks": e.pool.num_blocks,
+                "accepting": e.accepting,
+                "in_flight_http": self.in_flight,
+                "time_scale": e.config.time_scale,
+            }
+        )
 
     # ----- inference -----------------------------------------------------------------------
 
@@ -123,18 +147,28 @@ class Sim:
             e.stats.prefill_requests += 1
         elif invalid is not None:
             e.stats.recompute_invalid_params += 1
-            log.warning("Got invalid KVTransferParams: %s (%s). This request will not "
-                        "utilize KVTransfer", ask.kv_transfer_params, invalid)
+            log.warning(
+                "Got invalid KVTransferParams: %s (%s). This request will not utilize KVTransfer",
+                ask.kv_transfer_params,
+                invalid,
+            )
         elif remote is None:
             e.stats.plain_requests += 1
         base = request.headers.get("x-request-id") or uuid.uuid4().hex
         response_id = f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{base}"
         internal_id = f"{response_id}-{uuid.uuid4().hex[:8]}"
-        req = e.submit(internal_id, ask.prompt_tokens, ask.max_tokens, ask.limit_reason,
-                       remote=remote, hold_for_remote_decode=hold)
+        req = e.submit(
+            internal_id,
+            ask.prompt_tokens,
+            ask.max_tokens,
+            ask.limit_reason,
+            remote=remote,
+            hold_for_remote_decode=hold,
+        )
         if ask.stream:
-            return StreamingResponse(self._stream(kind, ask, req, response_id),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                self._stream(kind, ask, req, response_id), media_type="text/event-stream"
+            )
         with self._counted():
             try:
                 text, done = await _collect(req)
@@ -143,9 +177,18 @@ class Sim:
                 raise
         if done.reason == "error":
             return _error("KV transfer failed (kv_load_failure_policy=fail)", 500)
-        return JSONResponse(openai.full_response(
-            kind, response_id, self.model_name, text, done.reason, done.prompt_tokens,
-            done.completion_tokens, done.kv_transfer_params))
+        return JSONResponse(
+            openai.full_response(
+                kind,
+                response_id,
+                self.model_name,
+                text,
+                done.reason,
+                done.prompt_tokens,
+                done.completion_tokens,
+                done.kv_transfer_params,
+            )
+        )
 
     async def _stream(
         self, kind: openai.Kind, ask: openai.Ask, req: EngineRequest, response_id: str
@@ -157,8 +200,9 @@ class Sim:
                 while True:
                     ev = await req.events.get()
                     if isinstance(ev, Token) and not ev.final:
-                        yield openai.chunk(kind, response_id, self.model_name, created,
-                                           ev.text, first=first)
+                        yield openai.chunk(
+                            kind, response_id, self.model_name, created, ev.text, first=first
+                        )
                         first = False
                         continue
                     text = ev.text if isinstance(ev, Token) else ""
@@ -166,12 +210,25 @@ class Sim:
                     if done.reason == "error":
                         yield openai.sse(openai.error_body("KV transfer failed", 500))
                         break
-                    yield openai.chunk(kind, response_id, self.model_name, created, text,
-                                       finish=done.reason, first=first,
-                                       kv_transfer_params=done.kv_transfer_params)
+                    yield openai.chunk(
+                        kind,
+                        response_id,
+                        self.model_name,
+                        created,
+                        text,
+                        finish=done.reason,
+                        first=first,
+                        kv_transfer_params=done.kv_transfer_params,
+                    )
                     if ask.include_usage:
-                        yield openai.usage_chunk(kind, response_id, self.model_name, created,
-                                                 done.prompt_tokens, done.completion_tokens)
+                        yield openai.usage_chunk(
+                            kind,
+                            response_id,
+                            self.model_name,
+                            created,
+                            done.prompt_tokens,
+                            done.completion_tokens,
+                        )
                     break
                 yield openai.DONE
             finally:
@@ -187,18 +244,20 @@ class Sim:
             self.in_flight -= 1
 
     def app(self) -> Starlette:
-        return Starlette(routes=[
-            Route("/health", self.health, methods=["GET"]),
-            Route("/v1/models", self.models, methods=["GET"]),
-            Route("/metrics", self.metrics, methods=["GET"]),
-            Route("/load", self.load, methods=["GET"]),
-            Route("/version", self.version, methods=["GET"]),
-            Route("/ping", self.health, methods=["GET", "POST"]),
-            Route("/tokenize", self.tokenize, methods=["POST"]),
-            Route("/sim/stats", self.stats, methods=["GET"]),
-            Route("/v1/completions", self.completions, methods=["POST"]),
-            Route("/v1/chat/completions", self.chat, methods=["POST"]),
-        ])
+        return Starlette(
+            routes=[
+                Route("/health", self.health, methods=["GET"]),
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/metrics", self.metrics, methods=["GET"]),
+                Route("/load", self.load, methods=["GET"]),
+                Route("/version", self.version, methods=["GET"]),
+                Route("/ping", self.health, methods=["GET", "POST"]),
+                Route("/tokenize", self.tokenize, methods=["POST"]),
+                Route("/sim/stats", self.stats, methods=["GET"]),
+                Route("/v1/completions", self.completions, methods=["POST"]),
+                Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            ]
+        )
 
 
 _INVALID = object()
@@ -245,26 +304,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", help="name in the API and metrics labels")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--preset", default="llama-3.1-8b-h200", choices=sorted(PRESETS),
-                   help="latency/KV model (pdfleet_worker.perfmodel)")
-    p.add_argument("--time-scale", type=float, default=1.0,
-                   help="wall seconds per simulated second (0.1 = 10x faster)")
-    p.add_argument("--shutdown-timeout", type=float, default=0.0,
-                   help="on SIGTERM: 0 aborts in-flight requests; >0 drains up to this many "
-                        "wall seconds")
-    p.add_argument("--kv-transfer-config", type=json.loads, default=None,
-                   help="vLLM KVTransferConfig JSON")
-    p.add_argument("--kv-role", choices=["kv_producer", "kv_consumer", "kv_both"],
-                   help="shorthand for kv_transfer_config.kv_role")
-    p.add_argument("--kv-bandwidth", type=float, default=50e9,
-                   help="KV transfer bandwidth in bytes/s (50e9 = one 400G NIC)")
-    p.add_argument("--kv-lease-duration", type=float, default=None,
-                   help="seconds a prefill keeps unread KV (default: kv_connector_extra_config"
-                        ".kv_lease_duration or 30)")
-    p.add_argument("--side-channel-host",
-                   default=os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"))
-    p.add_argument("--side-channel-port", type=int,
-                   default=int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600")))
+    p.add_argument(
+        "--preset",
+        default="llama-3.1-8b-h200",
+        choices=sorted(PRESETS),
+        help="latency/KV model (pdfleet_worker.perfmodel)",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="wall seconds per simulated second (0.1 = 10x faster)",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=0.0,
+        help="on SIGTERM: 0 aborts in-flight requests; >0 drains up to this many wall seconds",
+    )
+    p.add_argument(
+        "--kv-transfer-config", type=json.loads, default=None, help="vLLM KVTransferConfig JSON"
+    )
+    p.add_argument(
+        "--kv-role",
+        choices=["kv_producer", "kv_consumer", "kv_both"],
+        help="shorthand for kv_transfer_config.kv_role",
+    )
+    p.add_argument(
+        "--kv-bandwidth",
+        type=float,
+        default=50e9,
+        help="KV transfer bandwidth in bytes/s (50e9 = one 400G NIC)",
+    )
+    p.add_argument(
+        "--kv-lease-duration",
+        type=float,
+        default=None,
+        help="seconds a prefill keeps unread KV (default: kv_connector_extra_config"
+        ".kv_lease_duration or 30)",
+    )
+    p.add_argument(
+        "--side-channel-host", default=os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost")
+    )
+    p.add_argument(
+        "--side-channel-port",
+        type=int,
+        default=int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600")),
+    )
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1)
     p.add_argument("--max-model-len", type=int, default=131072)
@@ -272,8 +358,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=int)
     p.add_argument("--block-size", type=int)
     p.add_argument("--num-gpu-blocks-override", type=int)
-    p.add_argument("--default-output-tokens", type=int, default=128,
-                   help="output length when a chat request sets no max_tokens")
+    p.add_argument(
+        "--default-output-tokens",
+        type=int,
+        default=128,
+        help="output length when a chat request sets no max_tokens",
+    )
     p.add_argument("--log-level", default="warning")
     return p
 
@@ -329,15 +419,34 @@ async def serve(args: argparse.Namespace) -> int:
     if args.data_parallel_size != 1:
         log.warning("simulator runs one engine per process; --data-parallel-size ignored")
     puller = HttpKvPuller()
-    engine = Engine(model_from_args(args), config,
-                    EngineMetrics(model_name, max_model_len=args.max_model_len), puller)
+    engine = Engine(
+        model_from_args(args),
+        config,
+        EngineMetrics(model_name, max_model_len=args.max_model_len),
+        puller,
+    )
     sim = Sim(engine, model_name, args.default_output_tokens)
     level = args.log_level.lower()
-    api = _QuietServer(uvicorn.Config(sim.app(), host=args.host, port=args.port,
-                                      log_level=level, access_log=False, lifespan="off"))
-    side = _QuietServer(uvicorn.Config(side_channel_app(engine), host=args.host,
-                                       port=args.side_channel_port, log_level=level,
-                                       access_log=False, lifespan="off"))
+    api = _QuietServer(
+        uvicorn.Config(
+            sim.app(),
+            host=args.host,
+            port=args.port,
+            log_level=level,
+            access_log=False,
+            lifespan="off",
+        )
+    )
+    side = _QuietServer(
+        uvicorn.Config(
+            side_channel_app(engine),
+            host=args.host,
+            port=args.side_channel_port,
+            log_level=level,
+            access_log=False,
+            lifespan="off",
+        )
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -376,8 +485,9 @@ async def drain(engine: Engine, timeout_s: float) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
     if unknown:
         log.warning("ignoring vLLM flags the simulator does not model: %s", " ".join(unknown))
     sys.exit(asyncio.run(serve(args)))

@@ -47,20 +47,28 @@ def side_channel_app(engine: Engine) -> Starlette:
 
     async def held(_: Request) -> JSONResponse:
         now = engine.now()
-        return JSONResponse({
-            "held": {
-                rid: {"num_tokens": h.num_tokens, "num_blocks": len(h.blocks),
-                      "expires_in": round(h.expires_at - now, 3), "reading": h.reading}
-                for rid, h in engine.held.items()
+        return JSONResponse(
+            {
+                "held": {
+                    rid: {
+                        "num_tokens": h.num_tokens,
+                        "num_blocks": len(h.blocks),
+                        "expires_in": round(h.expires_at - now, 3),
+                        "reading": h.reading,
+                    }
+                    for rid, h in engine.held.items()
+                }
             }
-        })
+        )
 
-    return Starlette(routes=[
-        Route("/kv/read", read, methods=["POST"]),
-        Route("/kv/release", release, methods=["POST"]),
-        Route("/kv/heartbeat", heartbeat, methods=["POST"]),
-        Route("/kv/held", held, methods=["GET"]),
-    ])
+    return Starlette(
+        routes=[
+            Route("/kv/read", read, methods=["POST"]),
+            Route("/kv/release", release, methods=["POST"]),
+            Route("/kv/heartbeat", heartbeat, methods=["POST"]),
+            Route("/kv/held", held, methods=["GET"]),
+        ]
+    )
 
 
 async def _json(request: Request) -> dict[str, Any]:
@@ -92,15 +100,20 @@ class HttpKvPuller:
         return resp.json()
 
     async def read(self, remote: RemotePrefill, requester: str) -> int:
-        body = await self._post(remote.host, remote.port, "/kv/read", {
-            "engine_id": remote.engine_id, "request_id": remote.request_id,
-            "requester": requester,
-        })
+        body = await self._post(
+            remote.host,
+            remote.port,
+            "/kv/read",
+            {
+                "engine_id": remote.engine_id,
+                "request_id": remote.request_id,
+                "requester": requester,
+            },
+        )
         return int(body["num_tokens"])
 
     async def release(self, remote: RemotePrefill) -> None:
-        await self._post(remote.host, remote.port, "/kv/release",
-                         {"request_id": remote.request_id})
+        await self._post(remote.host, remote.port, "/kv/release", {"request_id": remote.request_id})
 
     async def heartbeat(self, host: str, port: int, request_ids: list[str]) -> None:
         await self._post(host, port, "/kv/heartbeat", {"request_ids": request_ids})

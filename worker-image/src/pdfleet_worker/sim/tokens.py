@@ -38,9 +38,7 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # OpenAI content parts
-        return " ".join(
-            str(p.get("text", "")) for p in content if isinstance(p, dict)
-        )
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
     return ""
 
 
