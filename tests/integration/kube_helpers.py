@@ -1,0 +1,109 @@
+"""Small helpers for integration tests: InferenceService CRUD and waiting on conditions."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client
+
+from pdfleet import labels
+
+CHILD_KINDS = {
+    "ServiceAccount": ("", "v1", "serviceaccounts"),
+    "Service": ("", "v1", "services"),
+    "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
+    "StatefulSet": ("apps", "v1", "statefulsets"),
+    "Deployment": ("apps", "v1", "deployments"),
+    "Role": ("rbac.authorization.k8s.io", "v1", "roles"),
+    "RoleBinding": ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+}
+
+
+def custom(api: Any) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(api)
+
+
+def create_isvc(api: Any, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
+    obj = {**obj, "metadata": {**obj["metadata"], "namespace": namespace}}
+    created: dict[str, Any] = custom(api).create_namespaced_custom_object(
+        labels.GROUP, labels.VERSION, namespace, labels.PLURAL, obj
+    )
+    return created
+
+
+def get_isvc(api: Any, namespace: str, name: str) -> dict[str, Any]:
+    obj: dict[str, Any] = custom(api).get_namespaced_custom_object(
+        labels.GROUP, labels.VERSION, namespace, labels.PLURAL, name
+    )
+    return obj
+
+
+def patch_isvc(api: Any, namespace: str, name: str, patch: dict[str, Any]) -> None:
+    custom(api).patch_namespaced_custom_object(
+        labels.GROUP, labels.VERSION, namespace, labels.PLURAL, name, patch
+    )
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    for item in (obj.get("status") or {}).get("conditions") or ():
+        if item["type"] == kind:
+            return dict(item)
+    return {}
+
+
+def is_ready(obj: dict[str, Any]) -> bool:
+    status = obj.get("status") or {}
+    current = status.get("observedGeneration") == obj["metadata"]["generation"]
+    return current and condition(obj, "Ready").get("status") == "True"
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def wait_ready(api: Any, namespace: str, name: str, timeout: float = 90.0) -> dict[str, Any]:
+    def ready() -> dict[str, Any] | None:
+        obj = get_isvc(api, namespace, name)
+        return obj if is_ready(obj) else None
+
+    result: dict[str, Any] = wait_for(ready, timeout, f"{namespace}/{name} Ready")
+    return result
+
+
+def list_children(api: Any, namespace: str, service: str) -> list[dict[str, Any]]:
+    """Every object of the kinds pdfleet creates that carries the service's label."""
+    selector = f"{labels.SERVICE}={service}"
+    found = []
+    for kind, (group, version, plural) in CHILD_KINDS.items():
+        prefix = "/api/v1" if not group else f"/apis/{group}/{version}"
+        path = f"{prefix}/namespaces/{namespace}/{plural}"
+        data = api.call_api(
+            *api.param_serialize(
+                "GET",
+                path,
+                query_params=[("labelSelector", selector)],
+                auth_settings=["BearerToken"],
+            )
+        ).read()
+        for item in json.loads(data)["items"]:
+            found.append({**item, "kind": kind})
+    return found
+
+
+def pods(api: Any, namespace: str, service: str) -> list[Any]:
+    items: list[Any] = (
+        client.CoreV1Api(api)
+        .list_namespaced_pod(namespace, label_selector=f"{labels.SERVICE}={service}")
+        .items
+    )
+    return items
