@@ -25,8 +25,12 @@ from dataclasses import dataclass, replace
 # Below this relative spread of the observed loads the slope is noise, not signal.
 _MIN_RELATIVE_SPREAD = 0.05
 # A fit may move the capacity at most this factor away from the largest load seen meeting the
-# target; extrapolating a line further than that is guessing.
+# target (or the prior, when larger); extrapolating a line further than that is guessing.
 _MAX_EXTRAPOLATION = 3.0
+# A violation can cut the estimate at most this much: a burst that broke the target at a
+# small average load says more about the burst than about the replica.
+_MAX_FEEDBACK_CUT = 0.9
+_LOADED = 0.5  # share of the estimate above which a violation counts against capacity
 
 
 @dataclass(frozen=True)
@@ -61,14 +65,22 @@ def _decay(state: RoleCapacity, at_s: float, half_life_s: float) -> RoleCapacity
 
 
 def observe(
-    state: RoleCapacity, at_s: float, x: float, y: float, target: float, half_life_s: float
+    state: RoleCapacity, at_s: float, x: float, y: float, target: float, half_life_s: float,
+    estimate: float | None = None,
 ) -> RoleCapacity:
-    """Fold one window's (load per replica `x`, latency quantile `y`) into the model."""
+    """Fold one window's (load per replica `x`, latency quantile `y`) into the model.
+
+    `estimate` is the capacity believed so far: a violation at less than half of it is a
+    burst inside the window, answered by the policy's feedback, not a lower capacity.
+    """
     state = _decay(state, at_s, half_life_s)
     if not (x > 0 and math.isfinite(x) and y > 0 and math.isfinite(y) and target > 0):
         return replace(state, updated_at_s=at_s)
     z = 1.0 / y
-    ceiling = min(state.ceiling, x * target / y) if y > target else state.ceiling
+    loaded = estimate is None or x >= _LOADED * estimate
+    ceiling = state.ceiling
+    if y > target and loaded:
+        ceiling = min(ceiling, x * target / y)
     best_ok = max(state.best_ok, x) if y <= target else state.best_ok
     return RoleCapacity(
         weight=state.weight + 1.0,
@@ -104,18 +116,18 @@ def capacity(state: RoleCapacity, target: float, prior: float | None) -> float |
     """Best estimate of the load one replica sustains at `target`, or None if unknown.
 
     The fit (else the prior) bounded by the evidence: never below the largest load seen
-    meeting the target unless a violation says so, never above the violation cap, and never
-    extrapolated more than a few times past the loads actually seen.
+    meeting the target unless a violation says so, under the violation cap (which cuts at most
+    by half), and never extrapolated more than a few times past the loads actually seen.
     """
     est = fitted(state, target)
     if est is None:
         est = prior
     elif state.best_ok > 0:
-        est = min(est, _MAX_EXTRAPOLATION * state.best_ok)
+        est = min(est, max(_MAX_EXTRAPOLATION * state.best_ok, prior or 0.0))
     if est is None:
         if state.best_ok <= 0:
             return None
         est = state.best_ok
     est = max(est, min(state.best_ok, state.ceiling))
-    est = min(est, state.ceiling)
+    est = max(min(est, state.ceiling), _MAX_FEEDBACK_CUT * est)
     return est if est > 0 else None

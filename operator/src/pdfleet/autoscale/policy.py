@@ -54,11 +54,12 @@ class PolicyConfig:
     scale_down_stabilization_s: float = 300.0
     max_scale_up_step: int = 4
     max_scale_down_step: int = 1
+    scale_down_period_s: float = 60.0  # at most one scale-down step per role per period
     metrics_max_age_s: float = 120.0  # older windows count as stale
     startup_s: float = 120.0  # expected time from scale-up to a ready replica
     # Share of the learned capacity to plan for. Prefill needs room for bursts (they queue);
     # decode latency follows its batch smoothly, so it can run closer to its limit.
-    prefill_target_utilization: float = 0.85
+    prefill_target_utilization: float = 0.9
     decode_target_utilization: float = 0.95
     scale_down_margin: float = 0.85  # a smaller pool must stay below margin x target
     capacity_half_life_s: float = 900.0
@@ -316,7 +317,7 @@ def stabilize(
     history: Sequence[Decision],
 ) -> int:
     """HPA-style: up to the lowest recommendation of the up-window, down to the highest of
-    the down-window, each bounded by its step limit."""
+    the down-window, each bounded by its step limit; one scale-down step per period."""
     up_recs = [rec] + [
         h.recommended(role) for h in history if now_s - h.at_s < config.scale_up_stabilization_s
     ]
@@ -327,7 +328,12 @@ def stabilize(
     down = max(down_recs)
     if up > current:
         return min(up, current + config.max_scale_up_step)
-    if down < current:
+    recently_changed = any(
+        h.desired(role) != current
+        for h in history
+        if now_s - h.at_s < config.scale_down_period_s
+    )
+    if down < current and not recently_changed:
         return max(down, current - config.max_scale_down_step)
     return current
 
@@ -460,8 +466,13 @@ def decide(
         if fleet[r].ready > 0 and _stable_ready(
             r, fleet[r].ready, now_s, metrics.window_s, history
         ):
+            # "loaded" is judged against the larger of belief and prior, so that an early
+            # low estimate cannot make every burst look like a capacity limit
+            before = max(cap.capacity(state, v.target, config.prior(r)) or 0.0,
+                         config.prior(r) or 0.0) or None
             state = cap.observe(
-                state, metrics.at_s, v.x, v.latency, v.target, config.capacity_half_life_s
+                state, metrics.at_s, v.x, v.latency, v.target, config.capacity_half_life_s,
+                before,
             )
         learned[r] = state
         caps[r] = cap.capacity(state, v.target, config.prior(r))

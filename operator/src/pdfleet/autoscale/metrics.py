@@ -1,0 +1,76 @@
+"""Prometheus metrics source: the only autoscaler code that does I/O.
+
+Where it fits: the operator's autoscale timer calls `PrometheusSource.window(...)` and passes
+the `MetricsWindow` to `policy.decide`. Queries come from `promql.py` (pure); turning answers
+into numbers is `parse_scalar`/`to_role_metrics` (pure). A failed or empty query becomes NaN
+or a missing role, which the policy treats as "hold" (`MetricsAvailable=False`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from pdfleet.autoscale.policy import MetricsWindow, RoleMetrics
+from pdfleet.autoscale.promql import Target, role_queries
+
+
+class _Client(Protocol):
+    def custom_query(self, query: str) -> list[dict[str, Any]]: ...
+
+
+def parse_scalar(result: list[dict[str, Any]]) -> float:
+    """The value of a one-sample instant-vector answer; NaN when empty or unparsable.
+
+    A `sum(...)` over no series answers an empty vector: that is "no data", not zero.
+    """
+    if len(result) != 1:
+        return math.nan
+    try:
+        return float(result[0]["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return math.nan
+
+
+def to_role_metrics(values: Mapping[str, float]) -> RoleMetrics | None:
+    """RoleMetrics from query results; None when the role has no rate data at all."""
+    if all(math.isnan(values.get(k, math.nan))
+           for k in ("request_rate", "prompt_tokens_rate", "generation_tokens_rate")):
+        return None
+    return RoleMetrics(
+        ttft_s=values.get("ttft_s", math.nan),
+        itl_s=values.get("itl_s", math.nan),
+        request_rate=values.get("request_rate", math.nan),
+        prompt_tokens_rate=values.get("prompt_tokens_rate", math.nan),
+        generation_tokens_rate=values.get("generation_tokens_rate", math.nan),
+        num_requests_waiting=values.get("num_requests_waiting", math.nan),
+        kv_cache_usage=values.get("kv_cache_usage", math.nan),
+    )
+
+
+class PrometheusSource:
+    """Reads one InferenceService's window from Prometheus (prometheus-api-client)."""
+
+    def __init__(self, url: str, client: _Client | None = None, disable_ssl: bool = False
+                 ) -> None:
+        if client is None:
+            from prometheus_api_client import PrometheusConnect
+
+            client = PrometheusConnect(url=url, disable_ssl=disable_ssl)
+        self._client = client
+
+    def _query(self, query: str) -> float:
+        try:
+            return parse_scalar(self._client.custom_query(query))
+        except Exception:  # network or server error: the policy holds on NaN
+            return math.nan
+
+    def window(self, namespace: str, service: str, now_s: float, percentile: float,
+               window_s: float) -> MetricsWindow:
+        roles = {}
+        for role in ("prefill", "decode"):
+            queries = role_queries(Target(namespace, service, role), percentile, window_s)
+            roles[role] = to_role_metrics({k: self._query(q) for k, q in queries.items()})
+        return MetricsWindow(at_s=now_s, window_s=window_s, prefill=roles["prefill"],
+                             decode=roles["decode"])

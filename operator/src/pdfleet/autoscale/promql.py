@@ -1,0 +1,82 @@
+"""PromQL for the autoscaler's signals, built as plain strings (pure, unit-tested).
+
+Where it fits: `pdfleet.autoscale.metrics.PrometheusSource` sends these queries and turns
+the answers into a `policy.MetricsWindow`. Series are tied to an InferenceService and a role
+by the labels the scrape configuration (`scrape/`) copies from the pods' labels
+`pdfleet.dev/service` and `pdfleet.dev/role`: `pdfleet_service`, `pdfleet_role` and
+`namespace`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SERVICE_LABEL = "pdfleet_service"
+ROLE_LABEL = "pdfleet_role"
+NAMESPACE_LABEL = "namespace"
+
+TTFT = "vllm:time_to_first_token_seconds"
+ITL = "vllm:inter_token_latency_seconds"
+REQUESTS = "vllm:request_success_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def duration(seconds: float) -> str:
+    """A PromQL duration: whole seconds, at least 1s (`60` -> `60s`)."""
+    return f"{max(1, round(seconds))}s"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Which series: one InferenceService (namespace/name) and one role."""
+
+    namespace: str
+    service: str
+    role: str
+
+    def selector(self, metric: str) -> str:
+        return (f"{metric}{{{NAMESPACE_LABEL}={_quote(self.namespace)},"
+                f"{SERVICE_LABEL}={_quote(self.service)},{ROLE_LABEL}={_quote(self.role)}}}")
+
+
+def quantile(target: Target, histogram: str, percentile: float, window_s: float) -> str:
+    """The percentile of a histogram over the role's pods, from bucket rates in the window."""
+    q = percentile / 100.0
+    buckets = target.selector(f"{histogram}_bucket")
+    return (f"histogram_quantile({q:g}, sum by (le) "
+            f"(rate({buckets}[{duration(window_s)}])))")
+
+
+def rate(target: Target, counter: str, window_s: float) -> str:
+    """Per-second rate of a counter summed over the role's pods."""
+    return f"sum(rate({target.selector(counter)}[{duration(window_s)}]))"
+
+
+def gauge_sum(target: Target, gauge: str, window_s: float) -> str:
+    """A gauge averaged over the window per pod, summed over the role's pods (queues)."""
+    return f"sum(avg_over_time({target.selector(gauge)}[{duration(window_s)}]))"
+
+
+def gauge_mean(target: Target, gauge: str, window_s: float) -> str:
+    """A gauge averaged over the window and over the role's pods (utilizations)."""
+    return f"avg(avg_over_time({target.selector(gauge)}[{duration(window_s)}]))"
+
+
+def role_queries(target: Target, percentile: float, window_s: float) -> dict[str, str]:
+    """Every query one role needs, keyed by the `policy.RoleMetrics` field it fills."""
+    return {
+        "ttft_s": quantile(target, TTFT, percentile, window_s),
+        "itl_s": quantile(target, ITL, percentile, window_s),
+        "request_rate": rate(target, REQUESTS, window_s),
+        "prompt_tokens_rate": rate(target, PROMPT_TOKENS, window_s),
+        "generation_tokens_rate": rate(target, GENERATION_TOKENS, window_s),
+        "num_requests_waiting": gauge_sum(target, WAITING, window_s),
+        "kv_cache_usage": gauge_mean(target, KV_USAGE, window_s),
+    }
