@@ -158,3 +158,11 @@ def test_invalid_spec_is_stalled_with_the_message() -> None:
     assert conditions["Stalled"] == ("True", "InvalidSpec")
     assert conditions["SpecValid"] == ("False", "InvalidSpec")
     assert status["observedGeneration"] == 4
+
+
+def test_conditions_owned_elsewhere_are_kept() -> None:
+    metrics = {"type": "MetricsAvailable", "status": "False", "reason": "PrometheusDown"}
+    status = compute_status(
+        _service(), _observed(ALL_READY), {"conditions": [metrics]}, DESIRED, NOW, 0
+    )
+    assert metrics in status["conditions"]

@@ -141,6 +141,15 @@ def conditions(
     ]
 
 
+def _foreign_conditions(
+    previous: Mapping[str, Any], values: Sequence[ConditionValue]
+) -> list[dict[str, Any]]:
+    """Conditions another part of the operator owns (e.g. the autoscaler's MetricsAvailable),
+    kept as they are."""
+    ours = {value.type for value in values}
+    return [dict(c) for c in previous.get("conditions") or [] if c.get("type") not in ours]
+
+
 def merge_conditions(
     previous: Sequence[Mapping[str, Any]],
     values: Sequence[ConditionValue],
@@ -186,7 +195,8 @@ def compute_status(
         "observedGeneration": isvc.metadata.generation,
         "conditions": merge_conditions(
             previous.get("conditions") or [], values, isvc.metadata.generation, now
-        ),
+        )
+        + _foreign_conditions(previous, values),
         **roles,
     }
     url = endpoint(isvc)
@@ -208,10 +218,7 @@ def invalid_status(
         ConditionValue(SPEC_VALID, False, "InvalidSpec", message),
     ]
     conditions_ = merge_conditions(previous.get("conditions") or [], values, generation, now)
-    kept = [
-        c for c in previous.get("conditions") or [] if c.get("type") not in {v.type for v in values}
-    ]
-    status = {**previous, "conditions": conditions_ + kept}
+    status = {**previous, "conditions": conditions_ + _foreign_conditions(previous, values)}
     if generation is not None:
         status["observedGeneration"] = generation
     return status
