@@ -10,16 +10,8 @@ from typing import Any
 from kubernetes import client
 
 from pdfleet import labels
-
-CHILD_KINDS = {
-    "ServiceAccount": ("", "v1", "serviceaccounts"),
-    "Service": ("", "v1", "services"),
-    "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
-    "StatefulSet": ("apps", "v1", "statefulsets"),
-    "Deployment": ("apps", "v1", "deployments"),
-    "Role": ("rbac.authorization.k8s.io", "v1", "roles"),
-    "RoleBinding": ("rbac.authorization.k8s.io", "v1", "rolebindings"),
-}
+from pdfleet.kube.api import KINDS
+from pdfleet.reconcile.plan import OWNED_KINDS
 
 
 def custom(api: Any) -> client.CustomObjectsApi:
@@ -84,9 +76,8 @@ def list_children(api: Any, namespace: str, service: str) -> list[dict[str, Any]
     """Every object of the kinds pdfleet creates that carries the service's label."""
     selector = f"{labels.SERVICE}={service}"
     found = []
-    for kind, (group, version, plural) in CHILD_KINDS.items():
-        prefix = "/api/v1" if not group else f"/apis/{group}/{version}"
-        path = f"{prefix}/namespaces/{namespace}/{plural}"
+    for kind in OWNED_KINDS:
+        path = KINDS[kind].collection(namespace)
         data = api.call_api(
             *api.param_serialize(
                 "GET",

@@ -24,21 +24,17 @@ import kopf
 
 from pdfleet import labels
 from pdfleet.controller import Controller
+from pdfleet.kube.api import KINDS
 from pdfleet.reconcile.observed import ChildRef, Observed, PodInfo, child_ref, pod_info
+from pdfleet.reconcile.plan import OWNED_KINDS
 
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]
 
-# group/version/plural of every watched child kind.
+# Every child kind the operator writes is watched into an index.
 CHILD_RESOURCES: dict[str, tuple[str, str, str]] = {
-    "ServiceAccount": ("", "v1", "serviceaccounts"),
-    "Service": ("", "v1", "services"),
-    "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
-    "StatefulSet": ("apps", "v1", "statefulsets"),
-    "Deployment": ("apps", "v1", "deployments"),
-    "Role": ("rbac.authorization.k8s.io", "v1", "roles"),
-    "RoleBinding": ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    kind: (KINDS[kind].group, KINDS[kind].version, KINDS[kind].plural) for kind in OWNED_KINDS
 }
 OWNED: dict[str, Any] = {labels.SERVICE: kopf.PRESENT, labels.APP_MANAGED_BY: labels.FIELD_MANAGER}
 

@@ -26,6 +26,14 @@ class Kind:
     group_version: str
     plural: str
 
+    @property
+    def group(self) -> str:
+        return self.group_version.rpartition("/")[0]
+
+    @property
+    def version(self) -> str:
+        return self.group_version.rpartition("/")[2]
+
     def collection(self, namespace: str) -> str:
         prefix = "/api/v1" if self.group_version == "v1" else f"/apis/{self.group_version}"
         return f"{prefix}/namespaces/{namespace}/{self.plural}"
