@@ -1,0 +1,53 @@
+"""Tests of the online capacity model (`pdfleet.autoscale.capacity`)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pdfleet.autoscale.capacity import RoleCapacity, capacity, fitted, observe
+
+
+def _fit(points: list[tuple[float, float]], target: float) -> RoleCapacity:
+    s = RoleCapacity()
+    for i, (x, y) in enumerate(points):
+        s = observe(s, float(i), x, y, target, half_life_s=1e9)
+    return s
+
+
+def test_recovers_queue_capacity() -> None:
+    # y = s / (1 - x/mu) with s = 0.1, mu = 100: at target 1.0 capacity is mu (1 - s/T) = 90
+    pts = [(x, 0.1 / (1 - x / 100)) for x in (10.0, 30.0, 50.0, 70.0)]
+    assert fitted(_fit(pts, 1.0), 1.0) == pytest.approx(90.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "points", "prior", "want"),
+    [
+        ("too few points: prior", [(10.0, 0.1)], 50.0, 50.0),
+        ("flat latency: prior", [(10.0, 0.1), (20.0, 0.1), (30.0, 0.1)], 50.0, 50.0),
+        ("nothing known", [], None, None),
+    ],
+)
+def test_fallbacks(name: str, points: list[tuple[float, float]], prior: float | None,
+                   want: float | None) -> None:
+    assert capacity(_fit(points, 1.0), 1.0, prior) == want, name
+
+
+def test_violation_cuts_estimate_boundedly() -> None:
+    s = observe(RoleCapacity(), 0.0, 80.0, 2.0, 1.0, 1e9, estimate=100.0)
+    assert s.ceiling == pytest.approx(40.0)
+    got = capacity(s, 1.0, 100.0)
+    assert got is not None and 80.0 <= got < 100.0
+
+
+def test_burst_at_low_load_is_not_a_capacity_limit() -> None:
+    s = observe(RoleCapacity(), 0.0, 10.0, 2.0, 1.0, 1e9, estimate=100.0)
+    assert math.isinf(s.ceiling)
+
+
+def test_decay_forgets() -> None:
+    s = observe(RoleCapacity(), 0.0, 10.0, 0.1, 1.0, half_life_s=10.0)
+    s = observe(s, 100.0, math.nan, 0.1, 1.0, half_life_s=10.0)
+    assert s.weight < 0.01

@@ -1,0 +1,90 @@
+"""Tests of the pure PromQL builders and answer parsing (`promql.py`, `metrics.py`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from pdfleet.autoscale import promql
+from pdfleet.autoscale.metrics import PrometheusSource, parse_scalar, to_role_metrics
+
+T = promql.Target("serving", "llama-8b", "prefill")
+SEL = 'namespace="serving",pdfleet_service="llama-8b",pdfleet_role="prefill"'
+
+
+@pytest.mark.parametrize(
+    ("name", "got", "want"),
+    [
+        ("ttft quantile", promql.quantile(T, promql.TTFT, 95, 60),
+         "histogram_quantile(0.95, sum by (le) "
+         f"(rate(vllm:time_to_first_token_seconds_bucket{{{SEL}}}[60s])))"),
+        ("itl p90", promql.quantile(T, promql.ITL, 90, 120.4),
+         "histogram_quantile(0.9, sum by (le) "
+         f"(rate(vllm:inter_token_latency_seconds_bucket{{{SEL}}}[120s])))"),
+        ("rate", promql.rate(T, promql.PROMPT_TOKENS, 60),
+         f"sum(rate(vllm:prompt_tokens_total{{{SEL}}}[60s]))"),
+        ("queue", promql.gauge_sum(T, promql.WAITING, 30),
+         f"sum(avg_over_time(vllm:num_requests_waiting{{{SEL}}}[30s]))"),
+        ("kv", promql.gauge_mean(T, promql.KV_USAGE, 30),
+         f"avg(avg_over_time(vllm:kv_cache_usage_perc{{{SEL}}}[30s]))"),
+    ],
+)
+def test_queries(name: str, got: str, want: str) -> None:
+    assert got == want, name
+
+
+def test_label_values_are_escaped() -> None:
+    t = promql.Target('a"b', "s\\x", "decode")
+    assert 'namespace="a\\"b"' in t.selector("m")
+    assert 'pdfleet_service="s\\\\x"' in t.selector("m")
+
+
+def test_role_queries_cover_role_metrics_fields() -> None:
+    assert set(promql.role_queries(T, 95, 60)) == {
+        "ttft_s", "itl_s", "request_rate", "prompt_tokens_rate", "generation_tokens_rate",
+        "num_requests_waiting", "kv_cache_usage"}
+
+
+@pytest.mark.parametrize(
+    ("name", "answer", "want"),
+    [
+        ("one sample", [{"metric": {}, "value": [1.0, "0.25"]}], 0.25),
+        ("NaN string", [{"metric": {}, "value": [1.0, "NaN"]}], math.nan),
+        ("empty vector", [], math.nan),
+        ("several series", [{"value": [1, "1"]}, {"value": [1, "2"]}], math.nan),
+        ("garbage", [{"nope": 1}], math.nan),
+    ],
+)
+def test_parse_scalar(name: str, answer: list[dict[str, Any]], want: float) -> None:
+    got = parse_scalar(answer)
+    assert (math.isnan(got) and math.isnan(want)) or got == want, name
+
+
+def test_role_without_rates_is_missing() -> None:
+    assert to_role_metrics({"ttft_s": 0.1}) is None
+
+
+class _Fake:
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.queries: list[str] = []
+
+    def custom_query(self, query: str) -> list[dict[str, Any]]:
+        self.queries.append(query)
+        if self.fail:
+            raise ConnectionError("down")
+        return [{"metric": {}, "value": [0, "2"]}]
+
+
+def test_source_builds_window() -> None:
+    fake = _Fake()
+    w = PrometheusSource("http://prom", client=fake).window("serving", "llama-8b", 10.0, 95, 60)
+    assert w.prefill is not None and w.prefill.prompt_tokens_rate == 2.0
+    assert len(fake.queries) == 14
+
+
+def test_source_down_means_missing() -> None:
+    w = PrometheusSource("http://prom", client=_Fake(fail=True)).window("n", "s", 10.0, 95, 60)
+    assert w.prefill is None and w.decode is None

@@ -1,0 +1,78 @@
+"""Tests of the trace loaders and the fleet simulator (`traces.py`, `sim.py`), small inputs."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from pdfleet.autoscale import traces
+from pdfleet.autoscale.bench import count_flaps
+from pdfleet.autoscale.policy import MetricsWindow, RoleReplicas
+from pdfleet.autoscale.sim import SimConfig, fixed, simulate
+from pdfleet_worker.perfmodel import preset
+
+CFG = SimConfig(perf=preset("llama-3.1-8b-h200"), startup_s=30.0, interval_s=10.0)
+
+
+def _wl(n: int, gap: float, isl: int = 1000, osl: int = 50) -> traces.Workload:
+    return traces.Workload("t", tuple(i * gap for i in range(n)), (isl,) * n, (osl,) * n)
+
+
+def test_mooncake_plain_and_gzip(tmp_path: Path) -> None:
+    rows = [{"timestamp": 2000, "input_length": 10, "output_length": 3, "hash_ids": [1]},
+            {"timestamp": 500, "input_length": 7, "output_length": 0, "hash_ids": [2]}]
+    text = "\n".join(json.dumps(r) for r in rows) + "\n"
+    (tmp_path / "a.jsonl").write_text(text)
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    for name in ("a.jsonl", "b.jsonl.gz"):
+        wl = traces.load(tmp_path / name)
+        assert wl.arrival_s == (0.5, 2.0)
+        assert wl.output_tokens == (1, 3)  # clamped to one token
+
+
+def test_azure_csv(tmp_path: Path) -> None:
+    (tmp_path / "x.csv").write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n")
+    wl = traces.load(tmp_path / "x.csv", speedup=2.0)
+    assert wl.input_tokens == (374, 396)
+    assert abs(wl.arrival_s[1] - 4.314579 / 2) < 1e-6
+
+
+def test_light_load_meets_slo_and_counts_gpu_time() -> None:
+    res = simulate(_wl(200, 0.5), CFG, fixed(1, 1), (1, 1))
+    assert res.attainment(1.0, 0.015) == 1.0
+    assert abs(res.gpu_hours - 2 * res.duration_s / 3600) < 1e-9
+
+
+def test_overload_queues_and_misses_ttft() -> None:
+    # 8k-token prompts every 0.1 s need ~2 s of prefill per second on one replica
+    res = simulate(_wl(300, 0.1, isl=8000), CFG, fixed(1, 1), (1, 1))
+    assert res.attainment(1.0, 1.0) < 0.5
+
+
+def test_scale_up_waits_for_startup_and_drain_loses_nothing() -> None:
+    calls: list[RoleReplicas] = []
+
+    def ctl(now: float, p: RoleReplicas, d: RoleReplicas, m: MetricsWindow) -> tuple[int, int]:
+        calls.append(p)
+        return (3, 2) if now < 60 else (1, 1)
+
+    res = simulate(_wl(600, 0.2), CFG, ctl, (1, 1))
+    assert calls[1].current == 3 and calls[1].ready == 1  # starting is not ready
+    assert any(c.ready == 3 for c in calls)
+    assert all(t == t for t in res.ttft_s)  # every request served (no NaN)
+    assert count_flaps(res.scale_events, 300.0) == 2  # up then down, per role
+
+
+def test_cluster_full_leaves_workers_pending() -> None:
+    small = SimConfig(perf=CFG.perf, startup_s=30.0, interval_s=10.0, cluster_gpus=3)
+    seen: list[RoleReplicas] = []
+
+    def ctl(now: float, p: RoleReplicas, d: RoleReplicas, m: MetricsWindow) -> tuple[int, int]:
+        seen.append(p)
+        return 4, 1
+
+    simulate(_wl(100, 0.5), small, ctl, (1, 1))
+    assert seen[-1].pending == 2 and seen[-1].ready == 2
