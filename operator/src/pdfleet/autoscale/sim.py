@@ -15,7 +15,9 @@ Model (step level, not token level, so an hour of 180k requests replays in secon
   or leaves. A request needs `output` decode steps; the first yields its first token.
   Admission needs a free seat (`max_num_seqs`) and KV room for prompt + output.
 - Router: the (prefill, decode) pair is chosen at arrival, least outstanding work first,
-  among ready workers that are not draining.
+  among ready workers that are not draining. Request and prompt-token rates are counted
+  there (offered load, like the router's or Dynamo frontend's counters); generated tokens
+  are counted as decode steps produce them.
 - Scaling: new workers are ready `startup_s` after they get GPUs; with the cluster full they
   stay Pending (not capacity). Removal takes Pending, then starting, then the newest ready
   workers, which drain: they take no new requests and leave when their in-flight work (for
@@ -303,6 +305,11 @@ class FleetSim:
         return best
 
     def _route(self, rid: int) -> None:
+        self.m_req.add(self.now, 1.0)
+        self.m_prompt.add(self.now, self.isl[rid])
+        self._dispatch(rid)
+
+    def _dispatch(self, rid: int) -> None:
         p = self._pick("prefill")
         d = self._pick("decode")
         if p is None or d is None:
@@ -318,7 +325,7 @@ class FleetSim:
     def _flush_router(self) -> None:
         waiting = self.router_wait["prefill"]
         while waiting and self._pick("prefill") and self._pick("decode"):
-            self._route(waiting.popleft())
+            self._dispatch(waiting.popleft())
 
     # --- prefill --------------------------------------------------------------------------
 
@@ -337,7 +344,6 @@ class FleetSim:
         self._push(self.now + self.perf.prefill_seconds(tokens), _PREFILL_DONE, w.idx, tokens)
 
     def _on_prefill_done(self, w: _Worker, tokens: int) -> None:
-        self.m_prompt.add(self.now, tokens)
         left = tokens
         while left > 0 and w.queue:
             item = w.queue[0]
@@ -349,7 +355,6 @@ class FleetSim:
                 w.queue.popleft()
                 rid = item[0]
                 self.m_ttft_p.add(self.now, self.now - self.arrival[rid])
-                self.m_req.add(self.now, 1.0)
                 kv = self.perf.kv_transfer_seconds(self.isl[rid], self.cfg.kv_bandwidth_bytes_per_s)
                 self.kv_time[rid] = self.now + kv
                 self._push(self.now + kv, _KV_DONE, rid)
