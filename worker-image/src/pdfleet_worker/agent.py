@@ -16,9 +16,19 @@ from collections.abc import Mapping, Sequence
 
 from pdfleet_worker import drain, launcher
 
+_WILDCARD = {"", "0.0.0.0", "::", "[::]"}
 
-def _base_url(env: Mapping[str, str]) -> str:
-    return f"http://127.0.0.1:{env.get('PDFLEET_PORT', '').strip() or '8000'}"
+
+def base_url(env: Mapping[str, str]) -> str:
+    """Where `prestop` and `ready` reach the engine: loopback when it binds every address
+    (the default, PDFLEET_HOST unset or 0.0.0.0), else the one address it binds (e.g. the
+    pod IP, as the e2e process bridge runs it)."""
+    host = env.get("PDFLEET_HOST", "").strip()
+    if host in _WILDCARD:
+        host = "127.0.0.1"
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{env.get('PDFLEET_PORT', '').strip() or '8000'}"
 
 
 def _drain_file(env: Mapping[str, str]) -> str:
@@ -49,7 +59,7 @@ def cmd_launch(env: Mapping[str, str]) -> int:
 
 def cmd_prestop(env: Mapping[str, str], interval_s: float) -> int:
     drain.mark_draining(_drain_file(env))
-    result = drain.wait_idle(_base_url(env), _drain_timeout(env), interval_s=interval_s)
+    result = drain.wait_idle(base_url(env), _drain_timeout(env), interval_s=interval_s)
     print(
         json.dumps(
             {
@@ -64,7 +74,7 @@ def cmd_prestop(env: Mapping[str, str], interval_s: float) -> int:
 
 
 def cmd_ready(env: Mapping[str, str]) -> int:
-    ok, why = drain.check_ready(_base_url(env), _drain_file(env))
+    ok, why = drain.check_ready(base_url(env), _drain_file(env))
     if not ok:
         print(why, file=sys.stderr)
     return 0 if ok else 1
