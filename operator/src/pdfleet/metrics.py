@@ -21,3 +21,14 @@ STATUS_WRITES = Counter(
     "pdfleet_status_writes_total", "InferenceService status updates written by the operator."
 )
 LEADER = Gauge("pdfleet_leader", "1 while this operator replica holds the leader lease.")
+DRAIN_DURATION = Histogram(
+    "pdfleet_drain_duration_seconds",
+    "From marking a worker draining to the moment it held no request (or was forced).",
+    ["role"],
+    buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
+)
+DRAIN_FORCED = Counter(
+    "pdfleet_drain_forced_total",
+    "Workers removed because their drain passed spec.drain.timeout.",
+    ["role"],
+)

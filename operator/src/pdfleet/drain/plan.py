@@ -1,0 +1,211 @@
+"""The scale-down state machine of one pool: pure, one call per reconcile pass and role.
+
+Where it fits: the controller (pdfleet.controller) calls `plan_drain()` for prefill and for
+decode with the pool's desired and current replica counts, its pods (reconcile/observed.py),
+the in-flight readings the drain I/O took (drain/io.py) and the time; the executor
+(drain/executor.py) carries out the actions it returns. Nothing here does I/O, so every rule is
+a table test (tests/unit/drain/test_plan.py).
+
+The states of a pod whose ordinal is being removed (StatefulSets remove the highest ordinals):
+
+    serving --mark--> MARKED --deregister+confirm--> DEREGISTERED --idle--> DONE
+                        |                                |   \\--timeout--> DONE (forced)
+                        | scale-up: unmark (free)        | scale-up: recreate the pod
+                        v                                v
+                     serving                   serving again once recreated and Ready
+
+MARKED is the pod annotation `pdfleet.dev/draining` (its value is the start time, so the
+timeout survives an operator restart); DEREGISTERED is observed, not stored: no router replica
+lists the worker any more. A pool's StatefulSet is lowered only past pods that are DONE, so a
+pod leaves only when it holds no request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+from pdfleet import labels
+from pdfleet.reconcile.observed import PodInfo
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """What the drain I/O read about one worker; None is "could not be read"."""
+
+    registered: bool | None
+    """Listed by at least one router replica (None: some replica did not answer)."""
+    router_in_flight: float | None
+    """The routers' own gauges, summed over every replica: pending + active decode for a
+    decode worker (covers requests still in prefill whose decode stage will come here),
+    prefill occupancy for a prefill worker."""
+    engine_in_flight: float | None
+    """The engine's vllm:num_requests_running + vllm:num_requests_waiting."""
+    kv_pending: float | None = 0.0
+    """Prefill only: finished prefills whose KV blocks a decode has not pulled yet."""
+
+    def idle(self, role: str) -> bool:
+        values = [self.router_in_flight, self.engine_in_flight]
+        if role == labels.ROLE_PREFILL:
+            values.append(self.kv_pending)
+        return all(value is not None and value <= 0 for value in values)
+
+
+class Stage(StrEnum):
+    SERVING = "Serving"
+    MARKED = "Marked"
+    DEREGISTERED = "Deregistered"
+    DONE = "Done"
+
+
+class Kind(StrEnum):
+    MARK = "Mark"
+    """Annotate the pod draining (value: `since`)."""
+    UNMARK = "Unmark"
+    """Remove the annotation: the pod was never deregistered, it serves on."""
+    DEREGISTER = "Deregister"
+    """DELETE the worker URL on every router replica, then confirm with GET /workers."""
+    RECREATE = "Recreate"
+    """Delete the pod so its StatefulSet recreates it and router discovery adds it again
+    (vllm-router has no runtime add over HTTP in static P/D mode; docs/drain.md)."""
+    FINISHED = "Finished"
+    """The pod drained (or was forced): record the duration; the replica count now passes it."""
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: Kind
+    pod: str
+    url: str | None = None
+    since: str | None = None
+    duration_s: float = 0.0
+    forced: bool = False
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class DrainPlan:
+    """What one pass does for one pool."""
+
+    replicas: int
+    """The StatefulSet replica count to apply now."""
+    actions: list[Action] = field(default_factory=list)
+    stages: dict[str, Stage] = field(default_factory=dict)
+    """Stage of every pod the drain is about (for logs and tests)."""
+
+    @property
+    def active(self) -> bool:
+        return any(stage is not Stage.DONE for stage in self.stages.values())
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_time(value: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def worker_url(pod: PodInfo, port: int) -> str | None:
+    """The URL as the router's discovery registers it: http://<podIP>:<engine port>."""
+    return f"http://{pod.pod_ip}:{port}" if pod.pod_ip else None
+
+
+def needs_io(desired: int, current: int | None, pods: Sequence[PodInfo]) -> bool:
+    """Whether this pool needs router/worker readings this pass. An idle pool needs none."""
+    if current is None:
+        return False
+    return desired < current or any(p.draining_since and not p.terminating for p in pods)
+
+
+def _elapsed_s(pod: PodInfo, now: datetime) -> float:
+    started = parse_time(pod.draining_since or "")
+    return 0.0 if started is None else max(0.0, (now - started).total_seconds())
+
+
+def _victim(
+    pod: PodInfo, load: WorkerLoad | None, url: str | None, now: datetime, timeout_s: float
+) -> tuple[Stage, list[Action]]:
+    """One pod being removed: the next step of mark -> deregister -> wait -> done."""
+    if pod.terminating or pod.pod_ip is None:
+        # Already leaving through its preStop, or never got an address: nothing to drain.
+        return Stage.DONE, []
+    if not pod.draining_since:
+        return Stage.MARKED, [Action(Kind.MARK, pod.name, url, since=rfc3339(now))]
+    elapsed = _elapsed_s(pod, now)
+    registered = load.registered if load is not None else None
+    # Unknown counts as registered: a DELETE of an absent URL is harmless, a skipped one is not.
+    deregister = [Action(Kind.DEREGISTER, pod.name, url)] if registered is not False else []
+    if elapsed >= timeout_s:
+        why = "timeout" if load is None or registered is False else "timeout (still registered)"
+        done = Action(Kind.FINISHED, pod.name, url, pod.draining_since, elapsed, True, why)
+        return Stage.DONE, [*deregister, done]
+    if registered is not False:
+        return Stage.MARKED, deregister
+    if load is not None and load.idle(pod.role):
+        return Stage.DONE, [Action(Kind.FINISHED, pod.name, url, pod.draining_since, elapsed)]
+    return Stage.DEREGISTERED, []
+
+
+def _returning(
+    pod: PodInfo, load: WorkerLoad | None, url: str | None
+) -> tuple[Stage, list[Action]]:
+    """A draining pod that is needed again (scale-up during the drain)."""
+    if pod.terminating:
+        return Stage.DEREGISTERED, []  # being recreated; it comes back without the mark
+    registered = load.registered if load is not None else None
+    if registered is True:
+        return Stage.SERVING, [Action(Kind.UNMARK, pod.name, url, reason="still registered")]
+    # Deregistered, or unknown: only a fresh pod is added back by the router's discovery.
+    return Stage.DEREGISTERED, [Action(Kind.RECREATE, pod.name, url, reason="deregistered")]
+
+
+def plan_drain(
+    role: str,
+    desired: int,
+    current: int | None,
+    pods: Sequence[PodInfo],
+    loads: Mapping[str, WorkerLoad],
+    now: datetime,
+    timeout_s: float,
+    port: int,
+) -> DrainPlan:
+    """The next step of draining pool `role` from `current` down to `desired` replicas.
+
+    `current` is the StatefulSet's spec.replicas (None before it exists), `loads` the readings
+    keyed by pod name (empty when no drain was active before this pass), `port` the engine port.
+    """
+    if current is None:
+        return DrainPlan(replicas=desired)
+    by_ordinal = {p.ordinal: p for p in pods if p.role == role}
+    actions: list[Action] = []
+    stages: dict[str, Stage] = {}
+    pending_top = -1  # highest ordinal not yet DONE: the StatefulSet must keep it
+    for ordinal in range(desired, current):
+        pod = by_ordinal.get(ordinal)
+        if pod is None:
+            continue
+        stage, steps = _victim(pod, loads.get(pod.name), worker_url(pod, port), now, timeout_s)
+        stages[pod.name] = stage
+        actions += steps
+        if stage is not Stage.DONE:
+            pending_top = max(pending_top, ordinal)
+    returning = False
+    for ordinal in range(0, min(desired, current)):
+        pod = by_ordinal.get(ordinal)
+        if pod is None or not pod.draining_since:
+            continue
+        stage, steps = _returning(pod, loads.get(pod.name), worker_url(pod, port))
+        stages[pod.name] = stage
+        actions += steps
+        returning = returning or stage is not Stage.SERVING
+    replicas = max(desired, pending_top + 1)
+    if returning and desired > current:
+        # Reclaimed pods serve again before any new pod is added.
+        replicas = current
+    return DrainPlan(replicas=replicas, actions=actions, stages=stages)
