@@ -32,3 +32,39 @@ DRAIN_FORCED = Counter(
     "Workers removed because their drain passed spec.drain.timeout.",
     ["role"],
 )
+
+# Per-service series carry the same label names as the worker series the scrape configuration
+# produces (namespace, pdfleet_service, pdfleet_role), so alerts and dashboards join them
+# directly; the chart's ServiceMonitor scrapes the operator with honorLabels for that reason.
+SERVICE_LABELS = ("namespace", "pdfleet_service")
+
+AUTOSCALER_DECISIONS = Counter(
+    "pdfleet_autoscaler_decisions_total",
+    "Autoscaler decisions per pool, by direction (up, down, hold) and reason.",
+    [*SERVICE_LABELS, "pdfleet_role", "direction", "reason"],
+)
+SLO_TARGET = Gauge(
+    "pdfleet_slo_target_seconds",
+    "The SLO latency target from the spec, by SLO (ttft, itl).",
+    [*SERVICE_LABELS, "slo"],
+)
+SLO_OBSERVED = Gauge(
+    "pdfleet_slo_observed_seconds",
+    "Measured latency at the SLO percentile over the SLO window, by SLO (ttft, itl).",
+    [*SERVICE_LABELS, "slo"],
+)
+SLO_ATTAINMENT = Gauge(
+    "pdfleet_slo_attainment_ratio",
+    "Estimated share of recent requests meeting both latency targets (0-1).",
+    list(SERVICE_LABELS),
+)
+POOL_REPLICAS = Gauge(
+    "pdfleet_pool_replicas",
+    "Workers per pool by state (desired, replicas, ready, pending, draining), as in status.",
+    [*SERVICE_LABELS, "pdfleet_role", "state"],
+)
+SERVICE_CONDITION = Gauge(
+    "pdfleet_service_condition",
+    "1 when the InferenceService's condition (Ready, Reconciling, Stalled, ...) is True.",
+    [*SERVICE_LABELS, "condition"],
+)
