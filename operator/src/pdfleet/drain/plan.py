@@ -22,7 +22,7 @@ pod leaves only when it holds no request.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -174,12 +174,15 @@ def plan_drain(
     now: datetime,
     timeout_s: float,
     port: int,
+    url_of: Callable[[PodInfo], str | None] | None = None,
 ) -> DrainPlan:
     """The next step of draining pool `role` from `current` down to `desired` replicas.
 
     `current` is the StatefulSet's spec.replicas (None before it exists), `loads` the readings
-    keyed by pod name (empty when no drain was active before this pass), `port` the engine port.
+    keyed by pod name (empty when no drain was active before this pass), `port` the engine port
+    (`url_of` replaces the pod-IP URL where workers are not pods, as in the router tests).
     """
+    url = url_of or (lambda p: worker_url(p, port))
     if current is None:
         return DrainPlan(replicas=desired)
     by_ordinal = {p.ordinal: p for p in pods if p.role == role}
@@ -190,7 +193,7 @@ def plan_drain(
         pod = by_ordinal.get(ordinal)
         if pod is None:
             continue
-        stage, steps = _victim(pod, loads.get(pod.name), worker_url(pod, port), now, timeout_s)
+        stage, steps = _victim(pod, loads.get(pod.name), url(pod), now, timeout_s)
         stages[pod.name] = stage
         actions += steps
         if stage is not Stage.DONE:
@@ -200,7 +203,7 @@ def plan_drain(
         pod = by_ordinal.get(ordinal)
         if pod is None or not pod.draining_since:
             continue
-        stage, steps = _returning(pod, loads.get(pod.name), worker_url(pod, port))
+        stage, steps = _returning(pod, loads.get(pod.name), url(pod))
         stages[pod.name] = stage
         actions += steps
         returning = returning or stage is not Stage.SERVING
