@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -33,10 +35,15 @@ from pdfleet.drain.plan import needs_io, plan_drain
 from pdfleet.reconcile.observed import PodInfo
 from pdfleet_worker.sim.procs import Proc, SimProc, free_port, start_sim, stopping, wait_http
 
-from .test_router_pd import _router_binary
-
 # Real time (the drain waits on real streams); shutdown-timeout 0: stopping aborts in-flight.
 SIM_ARGS = ["--preset", "llama-3.1-8b-h200", "--time-scale", "1.0", "--shutdown-timeout", "0"]
+
+
+def _router_binary() -> str:
+    local = Path(sys.executable).parent / "vllm-router"
+    found = str(local) if local.exists() else shutil.which("vllm-router")
+    assert found, "vllm-router is not installed (pip install vllm-router==0.1.17)"
+    return found
 
 
 @dataclass
@@ -288,7 +295,7 @@ def test_drain_under_streaming_load_loses_nothing(fleet: Fleet) -> None:
         time.sleep(2.0)
     results = load.results
     longest = max(r.ended - r.started for r in results)
-    summary = {
+    summary: dict[str, Any] = {
         "sent": len(results),
         "ok": load.count("ok"),
         "failed": load.count("failed"),
