@@ -1,0 +1,331 @@
+"""The process bridge's pure parts: pod -> command and env, IPs, probes, status patches.
+
+Pods are built the way the operator renders them (``pdfleet.render`` on the minimal sample),
+so a renderer change that the bridge cannot run shows up here first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e import bridge as b
+from e2e.cluster import REPO_ROOT
+from pdfleet.api.v1alpha1 import InferenceService
+from pdfleet.render import render_children
+from pdfleet_worker import launcher
+
+POD_IP = "10.244.1.7"
+HOST_IP = "10.244.0.10"
+
+
+def rendered(kind: str, role: str) -> dict[str, Any]:
+    doc = yaml.safe_load((REPO_ROOT / "crds/samples/minimal.yaml").read_text())
+    doc["metadata"]["namespace"] = "ns1"
+    isvc = InferenceService.model_validate(doc)
+    for m in render_children(isvc, {"prefill": 1, "decode": 1}):
+        if m["kind"] == kind and m["metadata"]["labels"]["pdfleet.dev/role"] == role:
+            return m
+    raise AssertionError(f"no {kind} for {role}")
+
+
+def pod_of(kind: str, role: str, name: str = "p-0") -> dict[str, Any]:
+    template = rendered(kind, role)["spec"]["template"]
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns1",
+            "uid": "uid-1",
+            "resourceVersion": "42",
+            "labels": template["metadata"]["labels"],
+            "annotations": {"a": "b"},
+        },
+        "spec": {**template["spec"], "nodeName": "gpu-h100-0", "restartPolicy": "Always"},
+        "status": {"phase": "Pending"},
+    }
+
+
+def ctx(tmp: Path = Path("/tmp/pods/ns1_p-0")) -> b.LaunchContext:
+    return b.LaunchContext(
+        pod_ip=POD_IP,
+        pod_dir=tmp,
+        bin_dir=Path("/venv/bin"),
+        kubeconfig=Path("/kwok/kubeconfig"),
+        search_path="/usr/bin",
+        time_scale=0.1,
+        sim_preset="llama-3.1-8b-h100",
+    )
+
+
+# -- IPs and nodes -------------------------------------------------------------------------
+
+
+def test_allocation_is_top_down_deterministic_and_skips_used() -> None:
+    assert b.allocate_pod_ip("10.244.1.0/24", set()) == "10.244.1.254"
+    used = {"10.244.1.254", "10.244.1.253", "10.244.1.1"}
+    assert b.allocate_pod_ip("10.244.1.0/24", used) == "10.244.1.252"
+    assert b.allocate_pod_ip("10.244.1.0/24", used) == "10.244.1.252"
+    with pytest.raises(ValueError, match="no free address"):
+        b.allocate_pod_ip("10.244.1.0/30", {"10.244.1.1", "10.244.1.2"})
+
+
+def test_node_facts() -> None:
+    node = {
+        "metadata": {"annotations": {"kwok.x-k8s.io/node": "fake"}},
+        "spec": {"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24"]},
+        "status": {
+            "addresses": [
+                {"type": "Hostname", "address": "n"},
+                {"type": "InternalIP", "address": HOST_IP},
+            ]
+        },
+    }
+    assert b.is_kwok_node(node) and not b.is_kwok_node({"metadata": {}})
+    assert b.node_pod_cidr(node) == "10.244.1.0/24"
+    assert b.node_pod_cidr({"spec": {"podCIDR": "10.244.2.0/24"}}) == "10.244.2.0/24"
+    assert b.node_pod_cidr({"spec": {}}) is None
+    assert b.node_internal_ip(node) == HOST_IP
+
+
+# -- environment and commands ----------------------------------------------------------------
+
+
+def test_worker_env_resolves_downward_api_fields() -> None:
+    pod = pod_of("StatefulSet", "prefill")
+    env = b.resolve_env(pod["spec"]["containers"][0], pod, POD_IP, HOST_IP)
+    assert env["PDFLEET_POD_IP"] == POD_IP
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == POD_IP
+    assert env["POD_NAME"] == "p-0" and env["POD_NAMESPACE"] == "ns1"
+    assert env["PDFLEET_ROLE"] == "prefill"
+
+
+def test_env_sources_expansion_and_lookup() -> None:
+    pod = pod_of("StatefulSet", "decode")
+    container = {
+        "envFrom": [{"configMapRef": {"name": "cm"}, "prefix": "CM_"}],
+        "env": [
+            {"name": "A", "value": "x"},
+            {"name": "B", "value": "$(A)-$(MISSING)-$$(A)"},
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "t"}}},
+            {"name": "GONE", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "t"}}},
+            {
+                "name": "LBL",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['pdfleet.dev/role']"}},
+            },
+            {"name": "ANN", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['a']"}}},
+            {"name": "HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+            {"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}},
+            {"name": "A", "value": "last wins"},
+        ],
+    }
+    data = {("secret", "s"): {"t": "hf_x"}, ("configmap", "cm"): {"K": "v"}}
+
+    def lookup(kind: str, name: str) -> dict[str, str] | None:
+        return data.get((kind, name))
+
+    env = b.resolve_env(container, pod, POD_IP, HOST_IP, lookup)
+    assert env == {
+        "CM_K": "v",
+        "A": "last wins",
+        "B": "x-$(MISSING)-$(A)",
+        "TOKEN": "hf_x",
+        "LBL": "decode",
+        "ANN": "b",
+        "HOST": HOST_IP,
+    }
+    # Without API access, secret references are left out rather than guessed.
+    assert "TOKEN" not in b.resolve_env(container, pod, POD_IP, HOST_IP)
+
+
+def test_worker_command_runs_the_agent_with_the_simulator_on_the_pod_ip() -> None:
+    pod = pod_of("StatefulSet", "decode")
+    container = pod["spec"]["containers"][0]
+    env = b.resolve_env(container, pod, POD_IP, HOST_IP)
+    cmd = b.worker_command(container, env, ctx())
+    assert cmd.argv == ("pdfleet-agent", "launch")
+    assert cmd.env["PDFLEET_ENGINE"] == "sim"
+    assert cmd.env["PDFLEET_HOST"] == POD_IP
+    assert cmd.env["PDFLEET_SIM_TIME_SCALE"] == "0.1"
+    assert cmd.env["PDFLEET_SIM_PRESET"] == "llama-3.1-8b-h100"
+    assert cmd.env["PDFLEET_DRAIN_FILE"] == "/tmp/pods/ns1_p-0/pdfleet-draining"
+    assert cmd.env["PATH"].startswith("/venv/bin:")
+    assert "KUBECONFIG" not in cmd.env
+    # What the agent will exec with that env: the simulator bound to the pod IP.
+    argv = launcher.build_vllm_command(cmd.env)
+    assert argv[0] == "pdfleet-sim"
+    assert argv[argv.index("--host") + 1] == POD_IP
+    assert argv[argv.index("--time-scale") + 1] == "0.1"
+    assert launcher.build_vllm_env(cmd.env)["VLLM_NIXL_SIDE_CHANNEL_HOST"] == POD_IP
+
+
+def test_worker_command_defaults_to_the_image_entrypoint() -> None:
+    cmd = b.worker_command({"name": "vllm", "args": ["$(X)"]}, {"X": "y"}, ctx())
+    assert cmd.argv == ("pdfleet-agent", "launch", "y")
+
+
+def test_router_command_binds_the_pod_ip_and_uses_the_cluster_kubeconfig() -> None:
+    pod = pod_of("Deployment", "router")
+    container = pod["spec"]["containers"][0]
+    cmd = b.router_command(container, {}, ctx())
+    assert cmd.argv[0] == "vllm-router"
+    args = list(cmd.argv[1:])
+    assert args[args.index("--host") + 1] == POD_IP
+    assert args[args.index("--prometheus-host") + 1] == POD_IP
+    assert "0.0.0.0" not in args
+    assert args[args.index("--service-discovery-namespace") + 1] == "ns1"
+    assert cmd.env["KUBECONFIG"] == "/kwok/kubeconfig"
+    assert b.router_command({"args": ["--port", "1"]}, {}, ctx()).argv == (
+        "vllm-router",
+        "--port",
+        "1",
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "out"),
+    [
+        (["--host", "0.0.0.0", "--port", "8000"], ["--host", POD_IP, "--port", "8000"]),
+        (["--host=0.0.0.0"], [f"--host={POD_IP}"]),
+        (["--prometheus-host", "::"], ["--prometheus-host", POD_IP]),
+        (["--host", "127.0.0.1"], ["--host", "127.0.0.1"]),
+        (["--port", "0.0.0.0"], ["--port", "0.0.0.0"]),
+        (["--host"], ["--host"]),
+    ],
+)
+def test_rewrite_bind_args(args: list[str], out: list[str]) -> None:
+    assert b.rewrite_bind_args(args, POD_IP) == out
+
+
+def test_runner_selection_by_role_then_image() -> None:
+    worker = pod_of("StatefulSet", "prefill")
+    router = pod_of("Deployment", "router")
+    other = {"metadata": {"labels": {"pdfleet.dev/role": "metrics"}}}
+    c = worker["spec"]["containers"][0]
+    assert b.select_runner(worker, c, b.DEFAULT_RULES) == "worker"
+    assert b.select_runner(router, router["spec"]["containers"][0], b.DEFAULT_RULES) == "router"
+    assert b.select_runner(other, {"image": "x"}, b.DEFAULT_RULES) is None
+    rules = (b.RunnerRule("router", image="*/vllm-router:*"), *b.DEFAULT_RULES)
+    assert b.select_runner(other, {"image": "ghcr.io/x/vllm-router:0.1"}, rules) == "router"
+
+
+# -- probes --------------------------------------------------------------------------------
+
+
+def test_rendered_worker_probes() -> None:
+    c = pod_of("StatefulSet", "prefill")["spec"]["containers"][0]
+    startup = b.parse_probe(c["startupProbe"], c)
+    assert startup == b.Probe("http", port=8000, path="/health", period_s=10, failure_threshold=180)
+    ready = b.parse_probe(c["readinessProbe"], c, period_max_s=2.0)
+    assert ready is not None and ready.kind == "exec"
+    assert ready.command == ("pdfleet-agent", "ready")
+    assert (ready.period_s, ready.timeout_s, ready.failure_threshold) == (2.0, 3.0, 2)
+    assert b.parse_probe(None, c) is None
+    assert b.parse_probe({"tcpSocket": {"port": "nixl-0"}}, c) == b.Probe("tcp", port=5600)
+    with pytest.raises(ValueError, match="no port named"):
+        b.parse_probe({"httpGet": {"port": "nope"}}, c)
+
+
+def test_probe_tracker_thresholds() -> None:
+    t = b.ProbeTracker(b.Probe("http", period_s=5, success_threshold=1, failure_threshold=2))
+    t.start(100.0)
+    assert t.due(100.0) and not t.ok
+    assert t.observe(True, 100.0) and t.ok and not t.due(104.0) and t.due(105.0)
+    assert not t.observe(False, 105.0) and t.ok  # one failure is not enough
+    assert not t.observe(True, 110.0) and t.ok  # and a success resets the streak
+    assert not t.observe(False, 115.0)
+    assert t.observe(False, 120.0) and not t.ok
+    t.start(200.0, ok=True)  # liveness starts healthy
+    assert t.ok
+
+
+# -- status ----------------------------------------------------------------------------------
+
+
+def test_status_patch_running_and_ready() -> None:
+    pod = pod_of("StatefulSet", "prefill")
+    view = b.ContainerView(
+        name="vllm",
+        image="img",
+        state="running",
+        reason="",
+        started_at=0.0,
+        ready=True,
+        started=True,
+        container_id="bridge://7",
+    )
+    patch = b.status_patch(pod, POD_IP, HOST_IP, [view], now=60.0)
+    assert patch["metadata"] == {"uid": "uid-1"}
+    st = patch["status"]
+    assert st["phase"] == "Running"
+    assert st["podIP"] == POD_IP and st["podIPs"] == [{"ip": POD_IP}]
+    assert st["hostIP"] == HOST_IP
+    conds = {c["type"]: c["status"] for c in st["conditions"]}
+    assert conds == {
+        "PodScheduled": "True",
+        "PodReadyToStartContainers": "True",
+        "Initialized": "True",
+        "ContainersReady": "True",
+        "Ready": "True",
+    }
+    (cs,) = st["containerStatuses"]
+    assert cs["state"] == {"running": {"startedAt": "1970-01-01T00:00:00Z"}}
+    assert (cs["ready"], cs["started"], cs["restartCount"]) == (True, True, 0)
+
+
+def test_condition_transition_time_moves_only_on_change() -> None:
+    before = [{"type": "Ready", "status": "True", "lastTransitionTime": "T0"}]
+    same = {c["type"]: c for c in b.pod_conditions(before, True, 100.0)}
+    assert same["Ready"]["lastTransitionTime"] == "T0"
+    flipped = {c["type"]: c for c in b.pod_conditions(before, False, 100.0)}
+    assert flipped["Ready"]["lastTransitionTime"] == "1970-01-01T00:01:40Z"
+    assert flipped["Ready"]["reason"] == "ContainersNotReady"
+
+
+def test_status_after_a_crash_and_when_terminal() -> None:
+    pod = pod_of("StatefulSet", "decode")
+    crashed = b.ContainerView(
+        name="vllm", image="i", reason="CrashLoopBackOff", restart_count=1, last_exit=(1, 0, 5)
+    )
+    st = b.status_patch(pod, POD_IP, "", [crashed], now=6.0)["status"]
+    assert st["phase"] == "Running" and "hostIP" not in st
+    (cs,) = st["containerStatuses"]
+    assert cs["state"] == {"waiting": {"reason": "CrashLoopBackOff"}}
+    assert cs["lastState"]["terminated"]["exitCode"] == 1
+    done = b.ContainerView(
+        name="vllm", image="i", state="terminated", reason="Completed", exit_code=0
+    )
+    st = b.status_patch(pod, POD_IP, HOST_IP, [done], now=7.0, terminal="Succeeded")["status"]
+    assert st["phase"] == "Succeeded"
+    assert {c["type"]: c["status"] for c in st["conditions"]}["Ready"] == "False"
+
+
+def test_ip_patch_is_conditional() -> None:
+    patch = b.ip_patch(pod_of("StatefulSet", "decode"), POD_IP, HOST_IP)
+    assert patch["metadata"] == {"uid": "uid-1", "resourceVersion": "42"}
+    assert patch["status"]["podIP"] == POD_IP and patch["status"]["hostIP"] == HOST_IP
+
+
+@pytest.mark.parametrize(
+    ("policy", "code", "action"),
+    [
+        ("Always", 0, "restart"),
+        ("Always", 1, "restart"),
+        ("OnFailure", 1, "restart"),
+        ("OnFailure", 0, "Succeeded"),
+        ("Never", 0, "Succeeded"),
+        ("Never", 137, "Failed"),
+    ],
+)
+def test_exit_action(policy: str, code: int, action: str) -> None:
+    assert b.exit_action(policy, code) == action
+
+
+def test_restart_backoff_and_grace_deadline() -> None:
+    assert [b.restart_delay(n, 1.0, 30.0) for n in range(7)] == [1, 2, 4, 8, 16, 30, 30]
+    pod = {"metadata": {"deletionTimestamp": "2026-01-01T00:05:40Z"}}
+    assert b.grace_deadline(pod, now=0.0) == b.parse_time("2026-01-01T00:05:40Z")
+    assert b.grace_deadline({"metadata": {}}, now=12.0) == 12.0
+    assert b.rfc3339(b.parse_time("2026-01-01T00:05:40Z") or 0) == "2026-01-01T00:05:40Z"
