@@ -466,12 +466,13 @@ class ProbeTracker:
 
     probe: Probe
     ok: bool = False
-    streak: int = 0  # consecutive results disagreeing with ``ok``
+    successes: int = 0  # in a row
+    failures: int = 0  # in a row
     next_due: float = 0.0
 
     def start(self, now: float, ok: bool = False) -> None:
         """(Re)arm for a new container; liveness starts ``ok``, the others do not."""
-        self.ok, self.streak = ok, 0
+        self.ok, self.successes, self.failures = ok, 0, 0
         self.next_due = now + self.probe.initial_delay_s
 
     def due(self, now: float) -> bool:
@@ -480,15 +481,15 @@ class ProbeTracker:
     def observe(self, success: bool, now: float) -> bool:
         """Record one result; True when ``ok`` changed."""
         self.next_due = now + self.probe.period_s
-        if success == self.ok:
-            self.streak = 0
-            return False
-        self.streak += 1
-        needed = self.probe.success_threshold if success else self.probe.failure_threshold
-        if self.streak >= needed:
-            self.ok, self.streak = success, 0
-            return True
-        return False
+        if success:
+            self.successes, self.failures = self.successes + 1, 0
+            flip = not self.ok and self.successes >= self.probe.success_threshold
+        else:
+            self.successes, self.failures = 0, self.failures + 1
+            flip = self.ok and self.failures >= self.probe.failure_threshold
+        if flip:
+            self.ok = success
+        return flip
 
 
 # ---------------------------------------------------------------------------------------
@@ -970,7 +971,7 @@ class PodWorker(threading.Thread):
                 ok, why = probe_once(c.startup.probe, self.pod_ip, env, cwd)
                 if c.startup.observe(ok, time.time()):
                     c.view = replace(c.view, started=True)
-                elif not ok and c.startup.streak >= c.startup.probe.failure_threshold:
+                elif c.startup.failures >= c.startup.probe.failure_threshold:
                     c.event(f"startup probe failed: {why}")
                     self._kill_for_restart(c)
             return

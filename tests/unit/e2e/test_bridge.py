@@ -237,8 +237,15 @@ def test_probe_tracker_thresholds() -> None:
     assert not t.observe(True, 110.0) and t.ok  # and a success resets the streak
     assert not t.observe(False, 115.0)
     assert t.observe(False, 120.0) and not t.ok
+    assert t.failures == 2
     t.start(200.0, ok=True)  # liveness starts healthy
-    assert t.ok
+    assert t.ok and t.failures == 0
+    # A startup probe counts failures while it has never passed (kubelet then restarts).
+    s = b.ProbeTracker(b.Probe("http", failure_threshold=3))
+    s.start(0.0)
+    for i in range(3):
+        assert not s.observe(False, float(i)) and not s.ok
+    assert s.failures == 3
 
 
 # -- status ----------------------------------------------------------------------------------
