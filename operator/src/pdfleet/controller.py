@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,10 +22,14 @@ from kubernetes.client.exceptions import ApiException
 
 from pdfleet import labels, metrics
 from pdfleet.api.rules import error_paths
+from pdfleet.api.types import parse_duration
 from pdfleet.api.v1alpha1 import InferenceService
+from pdfleet.drain.executor import execute as execute_drain
+from pdfleet.drain.io import RouterFleet, read_loads, router_replicas
+from pdfleet.drain.plan import Kind, needs_io, plan_drain, worker_url
 from pdfleet.kube.api import KubeWriter
 from pdfleet.reconcile.observed import Observed
-from pdfleet.reconcile.plan import plan
+from pdfleet.reconcile.plan import desired_replicas, plan
 from pdfleet.reconcile.status import (
     INSUFFICIENT_CAPACITY,
     compute_status,
@@ -33,8 +37,13 @@ from pdfleet.reconcile.status import (
     status_changed,
 )
 from pdfleet.render import RenderConfig
+from pdfleet.render.common import child_name
 
 log = logging.getLogger(__name__)
+
+# While a pool drains, the next pass comes this soon: in-flight gauges change no Kubernetes
+# object, so no watch event would wake the controller when a worker goes idle.
+DRAIN_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,8 @@ class PassResult:
     writes: int
     deletes: int
     status_written: bool
+    requeue_after_s: float | None = None
+    """Run another pass this soon (a drain is waiting on in-flight requests)."""
 
 
 def _condition_status(status: Mapping[str, Any] | None, kind: str) -> str | None:
@@ -70,6 +81,9 @@ class Controller:
         self.clock = clock
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        # Drains already reported (Event + metric), by service: the StatefulSet's lowered
+        # count may reach the watch index a pass late, and the report must not repeat.
+        self._reported: dict[tuple[str, str], set[tuple[str, str]]] = {}
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
@@ -78,6 +92,7 @@ class Controller:
     def forget(self, namespace: str, name: str) -> None:
         with self._locks_guard:
             self._locks.pop((namespace, name), None)
+            self._reported.pop((namespace, name), None)
 
     def reconcile(self, body: Mapping[str, Any], observed: Observed) -> PassResult:
         meta = body.get("metadata") or {}
@@ -111,7 +126,8 @@ class Controller:
             new = invalid_status(previous, meta.get("generation"), message, now)
             return self._write_status(body, previous, new, "InvalidSpec", message)
 
-        replicas, child_plan = plan(isvc, observed, previous, self.config)
+        applied, requeue = self._drain(body, isvc, observed, desired_replicas(isvc, previous))
+        replicas, child_plan = plan(isvc, observed, previous, self.config, applied)
         for key in child_plan.delete:
             self.writer.delete(key[0], key[1], namespace)
         for manifest in child_plan.apply:
@@ -126,7 +142,7 @@ class Controller:
                 len(child_plan.apply),
                 len(child_plan.delete),
             )
-            self._record_changes(body, previous, replicas, child_plan.apply, observed)
+            self._record_changes(body, previous, applied, child_plan.apply, observed)
 
         new = compute_status(isvc, observed, previous, replicas, now, writes)
         capacity = _condition_status(new, INSUFFICIENT_CAPACITY)
@@ -136,7 +152,80 @@ class Controller:
             )
             self.writer.event(body, "InsufficientCapacity", message, "Warning")
         result = self._write_status(body, previous, new)
-        return PassResult(writes, len(child_plan.delete), result.status_written)
+        return PassResult(writes, len(child_plan.delete), result.status_written, requeue)
+
+    def _drain(
+        self,
+        body: Mapping[str, Any],
+        isvc: InferenceService,
+        observed: Observed,
+        desired: Mapping[str, int],
+    ) -> tuple[dict[str, int], float | None]:
+        """Replica counts to apply while pools drain (pdfleet.drain), and when to come back.
+
+        Router and worker HTTP happen only while a pool is shrinking or has marked pods: an
+        idle service costs no I/O and no API write here."""
+        applied = dict(desired)
+        active = {}
+        for role in labels.WORKER_ROLES:
+            ref = observed.child("StatefulSet", child_name(isvc, role))
+            current = ref.replicas if ref is not None else None
+            if needs_io(desired[role], current, observed.pods_of(role)):
+                active[role] = current
+        if not active:
+            return applied, None
+        router = isvc.spec.router
+        ips = [
+            p.pod_ip
+            for p in observed.pods_of(labels.ROLE_ROUTER)
+            if p.pod_ip and p.phase == "Running" and not p.terminating
+        ]
+        if router.type != "vllm-router":
+            ips = []  # an external gateway: only the workers' own gauges can be read
+        fleet = RouterFleet(router_replicas(ips, router.port, router.metrics_port))
+        port = isvc.spec.engine.port
+        timeout_s = parse_duration(isvc.spec.drain.timeout)
+        now = self.clock()
+        requeue: float | None = None
+        namespace = str(body["metadata"]["namespace"])
+        key = (namespace, str(body["metadata"]["name"]))
+        reported = self._reported.get(key, set())
+        live = {(p.name, p.draining_since or "") for p in observed.pods}
+        try:
+            for role, current in active.items():
+                pods = observed.pods_of(role)
+                marked = {
+                    p.name: (url, role)
+                    for p in pods
+                    if p.draining_since and not p.terminating and (url := worker_url(p, port))
+                }
+                loads = read_loads(fleet, marked)
+                drain = plan_drain(role, desired[role], current, pods, loads, now, timeout_s, port)
+                fresh = [
+                    a
+                    for a in drain.actions
+                    if a.kind is not Kind.FINISHED or (a.pod, a.since or "") not in reported
+                ]
+                drain = replace(drain, actions=fresh)
+                outcome = execute_drain(drain, role, namespace, body, self.writer, fleet)
+                reported |= {(a.pod, a.since or "") for a in outcome.finished}
+                applied[role] = drain.replicas
+                if drain.actions or drain.active:
+                    requeue = DRAIN_POLL_S
+                    log.info(
+                        "%s/%s %s drain: replicas %s, stages %s, deregistered %s, failed %s",
+                        isvc.metadata.namespace,
+                        isvc.metadata.name,
+                        role,
+                        drain.replicas,
+                        {k: v.value for k, v in drain.stages.items()},
+                        list(outcome.deregistered),
+                        list(outcome.failed),
+                    )
+        finally:
+            fleet.close()
+            self._reported[key] = reported & live
+        return applied, requeue
 
     def _write_status(
         self,

@@ -23,7 +23,7 @@ from typing import Any
 import kopf
 
 from pdfleet import labels
-from pdfleet.controller import Controller
+from pdfleet.controller import Controller, PassResult
 from pdfleet.kube.api import KINDS
 from pdfleet.reconcile.observed import ChildRef, Observed, PodInfo, child_ref, pod_info
 from pdfleet.reconcile.plan import OWNED_KINDS
@@ -67,7 +67,11 @@ class WorkQueue:
             key = await self._queue.get()
             self._queued.discard(key)
             try:
-                await asyncio.to_thread(self.run, key)
+                result = await asyncio.to_thread(self.run, key)
+                # A pass can ask to come back soon (a drain waiting on in-flight requests).
+                delay = getattr(result, "requeue_after_s", None)
+                if delay:
+                    asyncio.get_running_loop().call_later(delay, self.put, key)
             except Exception:  # one bad object must never stop the others
                 log.exception("reconcile of %s/%s failed; retrying later", *key)
                 asyncio.get_running_loop().call_later(5.0, self.put, key)
@@ -90,13 +94,13 @@ def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: 
     """Register every handler on `registry`, bound to `controller`."""
     state: dict[str, Any] = {}
 
-    def reconcile_key(key: Key) -> None:
+    def reconcile_key(key: Key) -> PassResult | None:
         indices = state["indices"]
         bodies = list(indices["isvc_index"].get(key, ()))
         if not bodies:
             controller.forget(*key)
-            return
-        controller.reconcile(bodies[0], observed_for(key, indices))
+            return None
+        return controller.reconcile(bodies[0], observed_for(key, indices))
 
     queue = WorkQueue(run=reconcile_key)
 

@@ -98,6 +98,12 @@ def plan(
     observed: Observed,
     status: Mapping[str, Any] | None,
     config: RenderConfig | None = None,
+    applied: Mapping[str, int] | None = None,
 ) -> tuple[dict[str, int], ChildPlan]:
+    """The desired replica counts and the child writes.
+
+    `applied` overrides the counts written into the StatefulSets: while a pool drains
+    (pdfleet.drain) it stays at its current size until the drained pods may go."""
     replicas = desired_replicas(isvc, status)
-    return replicas, plan_children(render_children(isvc, replicas, config), observed)
+    counts = {**replicas, **(applied or {})}
+    return replicas, plan_children(render_children(isvc, counts, config), observed)
