@@ -324,3 +324,15 @@ def test_drain_under_streaming_load_loses_nothing(fleet: Fleet) -> None:
         assert took <= longest + 2.0 + 1.0, summary
     reasons = [reason for _, reason, _ in decode_pods.events + prefill_pods.events]
     assert reasons.count("Drained") == 3 and "DrainForced" not in reasons
+
+
+def test_removal_without_drain_is_seen_as_lost_requests(fleet: Fleet) -> None:
+    """The control: the same load and stop, no drain. The test above would catch a loss."""
+    with Load([r.admin_url for r in fleet.routers], clients=4) as load:
+        time.sleep(2.0)
+        fleet.decodes[2].signal(signal.SIGTERM)
+        fleet.decodes[2].popen.wait(10)
+        time.sleep(3.0)
+    lost = load.count("failed") + load.count("truncated")
+    print(json.dumps({"sent": len(load.results), "lost": lost}))
+    assert lost > 0
