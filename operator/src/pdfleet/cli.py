@@ -14,7 +14,9 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import pydantic
 import yaml
@@ -24,6 +26,9 @@ from pdfleet.api.rules import error_paths
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.reconcile.plan import desired_replicas
 from pdfleet.render import RenderConfig, render_children
+
+if TYPE_CHECKING:
+    from pdfleet.autoscale.actuator import MetricsSource
 
 log = logging.getLogger("pdfleet")
 
@@ -79,6 +84,7 @@ def cmd_operator_run(args: argparse.Namespace) -> int:
     import prometheus_client
 
     from pdfleet import metrics
+    from pdfleet.autoscale.actuator import Autoscaler
     from pdfleet.controller import Controller
     from pdfleet.handlers import register
     from pdfleet.kube.api import KubeWriter, load_api_client
@@ -87,7 +93,11 @@ def cmd_operator_run(args: argparse.Namespace) -> int:
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it too
     api = load_api_client(args.kubeconfig)
-    controller = Controller(KubeWriter(api), RenderConfig(router_image=args.router_image))
+    controller = Controller(
+        KubeWriter(api),
+        RenderConfig(router_image=args.router_image),
+        autoscaler=Autoscaler(source_for=_prometheus_sources(), clock_s=time.time),
+    )
     registry = kopf.OperatorRegistry()
     register(controller, registry, resync_s=args.resync_seconds)
 
@@ -135,6 +145,22 @@ def cmd_operator_run(args: argparse.Namespace) -> int:
         if elector is not None and not lost.is_set():
             elector.release()
     return 1 if lost.is_set() else 0
+
+
+def _prometheus_sources() -> Callable[[str], MetricsSource]:
+    """One PrometheusSource per URL, made on first use."""
+    from pdfleet.autoscale.metrics import PrometheusSource
+
+    sources: dict[str, MetricsSource] = {}
+    lock = threading.Lock()
+
+    def source_for(url: str) -> MetricsSource:
+        with lock:
+            if url not in sources:
+                sources[url] = PrometheusSource(url)
+            return sources[url]
+
+    return source_for
 
 
 def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:

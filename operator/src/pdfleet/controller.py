@@ -24,6 +24,7 @@ from pdfleet import labels, metrics
 from pdfleet.api.rules import error_paths
 from pdfleet.api.types import parse_duration
 from pdfleet.api.v1alpha1 import InferenceService
+from pdfleet.autoscale.actuator import Autoscaler
 from pdfleet.drain.executor import execute as execute_drain
 from pdfleet.drain.io import RouterFleet, read_loads, router_replicas
 from pdfleet.drain.plan import Kind, needs_io, plan_drain, worker_url
@@ -34,6 +35,7 @@ from pdfleet.reconcile.status import (
     INSUFFICIENT_CAPACITY,
     compute_status,
     invalid_status,
+    merge_foreign_condition,
     status_changed,
 )
 from pdfleet.render import RenderConfig
@@ -75,8 +77,10 @@ class Controller:
         writer: KubeWriter,
         config: RenderConfig | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        autoscaler: Autoscaler | None = None,
     ):
         self.writer = writer
+        self.autoscaler = autoscaler
         self.config = config or RenderConfig()
         self.clock = clock
         self._locks: dict[tuple[str, str], threading.Lock] = {}
@@ -126,6 +130,11 @@ class Controller:
             new = invalid_status(previous, meta.get("generation"), message, now)
             return self._write_status(body, previous, new, "InvalidSpec", message)
 
+        original = previous
+        autoscale_after: float | None = None
+        if isvc.spec.autoscaling.enabled and self.autoscaler is not None:
+            previous = self._autoscale(body, isvc, observed, previous, now)
+            autoscale_after = parse_duration(isvc.spec.autoscaling.interval)
         applied, requeue = self._drain(body, isvc, observed, desired_replicas(isvc, previous))
         replicas, child_plan = plan(isvc, observed, previous, self.config, applied)
         for key in child_plan.delete:
@@ -151,8 +160,37 @@ class Controller:
                 c["message"] for c in new["conditions"] if c["type"] == INSUFFICIENT_CAPACITY
             )
             self.writer.event(body, "InsufficientCapacity", message, "Warning")
-        result = self._write_status(body, previous, new)
+        result = self._write_status(body, original, new)
+        requeue = min((t for t in (requeue, autoscale_after) if t is not None), default=None)
         return PassResult(writes, len(child_plan.delete), result.status_written, requeue)
+
+    def _autoscale(
+        self,
+        body: Mapping[str, Any],
+        isvc: InferenceService,
+        observed: Observed,
+        previous: Mapping[str, Any] | None,
+        now: datetime,
+    ) -> dict[str, Any]:
+        """The status as the autoscaler leaves it: decisions in status.<role>.desired, the
+        autoscaler and slo blocks, and MetricsAvailable. Nothing else reads or writes here."""
+        status = dict(previous or {})
+        assert self.autoscaler is not None
+        if not self.autoscaler.due(isvc):
+            return status
+        # The policy steps from the last decision (a pool being drained is already smaller).
+        current = desired_replicas(isvc, status)
+        outcome = self.autoscaler.step(isvc, observed, current, status, now)
+        for role, count in outcome.desired.items():
+            status[role] = {**(status.get(role) or {}), "desired": count}
+        status["autoscaler"] = outcome.autoscaler
+        status["slo"] = outcome.slo
+        status["conditions"] = merge_foreign_condition(
+            status.get("conditions") or [], outcome.condition, isvc.metadata.generation, now
+        )
+        for type_, reason, message in outcome.events:
+            self.writer.event(body, reason, message, type_)
+        return status
 
     def _drain(
         self,

@@ -17,33 +17,9 @@ from pdfleet.reconcile.observed import Observed, PodInfo, observed_from
 from pdfleet.reconcile.plan import desired_replicas, with_hash
 from pdfleet.render import render_children
 from tests.spec_cases import merge_patch, sample
+from tests.unit.fakes import Writer
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-
-
-class Writer:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, Any]] = []
-
-    def apply(self, manifest: Mapping[str, Any], namespace: str) -> dict[str, Any]:
-        self.calls.append(("apply", (manifest["kind"], manifest.get("spec", {}).get("replicas"))))
-        return {}
-
-    def delete(self, kind_name: str, name: str, namespace: str) -> None:
-        self.calls.append(("delete", (kind_name, name)))
-
-    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        self.calls.append(("status", None))
-
-    def patch_merge(
-        self, kind_name: str, namespace: str, name: str, patch: Mapping[str, Any]
-    ) -> None:
-        self.calls.append(("patch", (kind_name, name, patch)))
-
-    def event(
-        self, involved: Mapping[str, Any], reason: str, message: str, type_: str = ""
-    ) -> None:
-        self.calls.append(("event", reason))
 
 
 def _body(decode: int) -> dict[str, Any]:

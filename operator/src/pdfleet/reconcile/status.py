@@ -224,6 +224,22 @@ def invalid_status(
     return status
 
 
+def merge_foreign_condition(
+    conditions: Sequence[Mapping[str, Any]],
+    condition: Mapping[str, str],
+    generation: int | None,
+    now: datetime,
+) -> list[dict[str, Any]]:
+    """Set one condition another part of the operator owns (e.g. MetricsAvailable), keeping
+    its lastTransitionTime unless its status flips."""
+    value = ConditionValue(
+        condition["type"], condition["status"] == "True", condition["reason"],
+        condition.get("message", ""),
+    )  # fmt: skip
+    merged = merge_conditions(conditions, [value], generation, now)
+    return [dict(c) for c in conditions if c.get("type") != value.type] + merged
+
+
 def status_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
     """Whether writing `new` would change anything (the status is written only then)."""
     return dict(old or {}) != dict(new)

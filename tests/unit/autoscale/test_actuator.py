@@ -1,0 +1,149 @@
+"""The autoscaler inside the operator: spec -> policy config, decisions -> status and Events."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from pdfleet.api.v1alpha1 import InferenceService
+from pdfleet.autoscale.actuator import Autoscaler, describe, policy_config
+from pdfleet.autoscale.policy import MetricsWindow, RoleMetrics
+from pdfleet.controller import Controller
+from pdfleet.reconcile.observed import Observed, PodInfo, observed_from
+from pdfleet.reconcile.plan import desired_replicas, with_hash
+from pdfleet.render import render_children
+from tests.spec_cases import merge_patch, sample
+from tests.unit.fakes import Writer
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+AUTOSCALED = {
+    "metadata": {"namespace": "ns", "uid": "u1", "generation": 1},
+    "spec": {
+        "prefill": {"replicas": {"min": 1, "max": 4, "initial": 1}},
+        "decode": {"replicas": {"min": 1, "max": 4, "initial": 1}},
+        "slo": {"ttft": {"target": "1s", "percentile": 90}, "itl": {"target": "20ms", "percentile": 95}},
+        "autoscaling": {"enabled": True, "gpuBudget": 6, "prometheus": {"url": "http://prom:9090"},
+                        "interval": "15s"},
+    },
+}  # fmt: skip
+
+
+def _body() -> dict[str, Any]:
+    body: dict[str, Any] = merge_patch(sample("minimal"), AUTOSCALED)
+    return body
+
+
+def _isvc() -> InferenceService:
+    return InferenceService.model_validate(_body())
+
+
+def _metrics(ttft: float, itl: float, prompt_rate: float = 1000.0) -> RoleMetrics:
+    return RoleMetrics(
+        ttft_s=ttft, itl_s=itl, request_rate=1.0, prompt_tokens_rate=prompt_rate,
+        generation_tokens_rate=100.0, num_requests_waiting=0.0, kv_cache_usage=0.1,
+    )  # fmt: skip
+
+
+class Source:
+    """A metrics source returning a fixed window (or None for a missing role)."""
+
+    def __init__(self, prefill: RoleMetrics | None, decode: RoleMetrics | None) -> None:
+        self.prefill, self.decode = prefill, decode
+        self.calls = 0
+
+    def window(
+        self, namespace: str, service: str, now_s: float, percentile: float, window_s: float
+    ) -> MetricsWindow:
+        self.calls += 1
+        return MetricsWindow(now_s, window_s, self.prefill, self.decode)
+
+
+def _observed(isvc: InferenceService) -> Observed:
+    counts = desired_replicas(isvc, None)
+    observed = observed_from(with_hash(m) for m in render_children(isvc, counts))
+    pods = [
+        PodInfo(name=f"llama-8b-{role}-0", role=role, ordinal=0, phase="Running", ready=True)
+        for role in ("prefill", "decode")
+    ]
+    return replace(observed, pods=tuple(pods))
+
+
+def test_policy_config_from_spec() -> None:
+    config = policy_config(_isvc())
+    assert (config.ttft_target_s, config.itl_target_s) == (1.0, 0.02)
+    assert config.percentile == 95  # the stricter of the two SLO percentiles
+    assert (config.prefill_max, config.decode_max, config.gpu_budget) == (4, 4, 6)
+    assert config.interval_s == 15.0
+    assert (config.scale_up_stabilization_s, config.scale_down_stabilization_s) == (60.0, 300.0)
+
+
+def test_describe() -> None:
+    assert (
+        describe({"prefill": 2, "decode": 4}, {"prefill": 3, "decode": 4})
+        == "prefill 2->3, decode 4"
+    )
+
+
+def _controller(source: Source, clock: list[float]) -> tuple[Controller, Writer]:
+    writer = Writer()
+    autoscaler = Autoscaler(source_for=lambda url: source, clock_s=lambda: clock[0])
+    return Controller(writer, clock=lambda: NOW, autoscaler=autoscaler), writer  # type: ignore[arg-type]
+
+
+def test_missing_metrics_hold_and_say_why() -> None:
+    source, clock = Source(None, None), [1000.0]
+    controller, writer = _controller(source, clock)
+    body = _body()
+    result = controller.reconcile(body, _observed(_isvc()))
+    status = writer.last_status
+    assert status["prefill"]["desired"] == 1 and status["decode"]["desired"] == 1
+    metrics_condition = next(c for c in status["conditions"] if c["type"] == "MetricsAvailable")
+    assert metrics_condition["status"] == "False"
+    assert ("event", "MetricsUnavailable") in writer.calls
+    assert result.requeue_after_s == 15.0  # come back at the next interval
+
+
+def test_ttft_violation_grows_prefill_and_records_an_event() -> None:
+    source, clock = Source(_metrics(3.0, 0.01, prompt_rate=40_000), _metrics(3.0, 0.01)), [1000.0]
+    controller, writer = _controller(source, clock)
+    controller.reconcile(_body(), _observed(_isvc()))
+    status = writer.last_status
+    assert status["prefill"]["desired"] > 1
+    assert status["autoscaler"]["lastDecision"].startswith("prefill 1->")
+    assert status["slo"]["ttft"] == "3s/1s" and status["slo"]["ttftSeconds"] == 3.0
+    assert any(call == ("event", "Autoscaled") for call in writer.calls)
+    sts = [c for c in writer.calls if c[0] == "apply" and c[1][0] == "StatefulSet"]
+    assert ("StatefulSet", status["prefill"]["desired"]) in [c[1] for c in sts]
+
+
+def test_decisions_wait_for_the_interval() -> None:
+    source, clock = Source(_metrics(0.2, 0.01), _metrics(0.2, 0.01)), [1000.0]
+    controller, writer = _controller(source, clock)
+    controller.reconcile(_body(), _observed(_isvc()))
+    assert source.calls == 1
+    clock[0] += 5.0
+    controller.reconcile(_body(), _observed(_isvc()))
+    assert source.calls == 1
+    clock[0] += 10.0
+    controller.reconcile(_body(), _observed(_isvc()))
+    assert source.calls == 2
+
+
+def test_nan_latency_is_reported_as_unknown_not_zero() -> None:
+    source, clock = (
+        Source(_metrics(math.nan, math.nan, 0.0), _metrics(math.nan, math.nan, 0.0)),
+        [1.0],
+    )
+    controller, writer = _controller(source, clock)
+    controller.reconcile(_body(), _observed(_isvc()))
+    assert writer.last_status["slo"]["ttft"] == "n/a/1s"
+
+
+def test_no_autoscaling_no_metrics_queries() -> None:
+    source, clock = Source(None, None), [1.0]
+    controller, _ = _controller(source, clock)
+    body = merge_patch(_body(), {"spec": {"autoscaling": {"enabled": False}}})
+    controller.reconcile(body, _observed(_isvc()))
+    assert source.calls == 0

@@ -1,0 +1,33 @@
+"""Test doubles for the one I/O seam of the controller (KubeWriter): they record calls."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+class Writer:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.last_status: dict[str, Any] = {}
+
+    def apply(self, manifest: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+        self.calls.append(("apply", (manifest["kind"], manifest.get("spec", {}).get("replicas"))))
+        return {}
+
+    def delete(self, kind_name: str, name: str, namespace: str) -> None:
+        self.calls.append(("delete", (kind_name, name)))
+
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        self.calls.append(("status", None))
+        self.last_status = dict(status)
+
+    def patch_merge(
+        self, kind_name: str, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> None:
+        self.calls.append(("patch", (kind_name, name, patch)))
+
+    def event(
+        self, involved: Mapping[str, Any], reason: str, message: str, type_: str = ""
+    ) -> None:
+        self.calls.append(("event", reason))
