@@ -23,11 +23,18 @@ AUTOSCALED = {
     "spec": {
         "prefill": {"replicas": {"min": 1, "max": 4, "initial": 1}},
         "decode": {"replicas": {"min": 1, "max": 4, "initial": 1}},
-        "slo": {"ttft": {"target": "1s", "percentile": 90}, "itl": {"target": "20ms", "percentile": 95}},
-        "autoscaling": {"enabled": True, "gpuBudget": 6, "prometheus": {"url": "http://prom:9090"},
-                        "interval": "15s"},
+        "slo": {
+            "ttft": {"target": "1s", "percentile": 90},
+            "itl": {"target": "20ms", "percentile": 95},
+        },
+        "autoscaling": {
+            "enabled": True,
+            "gpuBudget": 6,
+            "prometheus": {"url": "http://prom:9090"},
+            "interval": "15s",
+        },
     },
-}  # fmt: skip
+}
 
 
 def _body() -> dict[str, Any]:
@@ -120,7 +127,7 @@ def test_ttft_violation_grows_prefill_and_records_an_event() -> None:
 
 def test_decisions_wait_for_the_interval() -> None:
     source, clock = Source(_metrics(0.2, 0.01), _metrics(0.2, 0.01)), [1000.0]
-    controller, writer = _controller(source, clock)
+    controller, _ = _controller(source, clock)
     controller.reconcile(_body(), _observed(_isvc()))
     assert source.calls == 1
     clock[0] += 5.0
