@@ -192,6 +192,11 @@ def exit_action(restart_policy: str, exit_code: int) -> Literal["restart", "Succ
     return "Succeeded" if exit_code == 0 else "Failed"
 
 
+def exit_code(returncode: int) -> int:
+    """A container's exit code as kubelet reports it: killed by signal N -> 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
 def restart_delay(restarts: int, base_s: float, max_s: float) -> float:
     """kubelet-style exponential back-off before restart number ``restarts + 1``."""
     return float(min(max_s, base_s * (2 ** min(restarts, 20))))
@@ -769,7 +774,7 @@ class ContainerRun:
         if self._log is not None:
             self._log.close()
             self._log = None
-        return self.popen.returncode
+        return exit_code(self.popen.returncode)
 
 
 # ---------------------------------------------------------------------------------------
@@ -793,7 +798,9 @@ class PodWorker(threading.Thread):
         self.stopping = threading.Event()  # bridge shutdown: kill, do not touch the API
         self.pod_ip = ""
         self.host_ip = ""
-        self.pod_dir = self.settings.log_dir / self.key.replace("/", "_")
+        # Like kubelet's /var/log/pods/<namespace>_<name>_<uid>: a recreated pod of the same
+        # name (StatefulSet) gets its own directory.
+        self.pod_dir = self.settings.log_dir / f"{self.key.replace('/', '_')}_{self.uid[:8]}"
         self.containers: list[ContainerRun] = []
         self.terminal: str | None = None
         self.timeline: dict[str, float] = {"seen": time.time()}
@@ -1083,6 +1090,7 @@ class Bridge:
         self._workers: dict[str, PodWorker] = {}
         self._finished: dict[str, PodWorker] = {}
         self._failed: set[str] = set()  # uids whose worker crashed: not retried
+        self._ignored: set[str] = set()  # uids with a container no rule maps to a runner
         self._nodes: dict[str, Manifest] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -1297,13 +1305,24 @@ class Bridge:
         if terminal and not pod["metadata"].get("deletionTimestamp"):
             return
         with self._lock:
-            if uid in self._failed:
+            if uid in self._failed or uid in self._ignored:
                 return
         try:
             if not is_kwok_node(self.node(str(node_name))):
                 return
         except Exception as err:
             log.warning("%s: cannot read node %s: %s", pod_key(pod), node_name, err)
+            return
+        unknown = [
+            str(c.get("name"))
+            for c in pod["spec"].get("containers") or []
+            if select_runner(pod, c, self.settings.rules) is None
+        ]
+        if unknown:
+            # Like an image kubelet cannot pull: left as kwok reported it (ContainerCreating).
+            log.warning("%s: no runner for container(s) %s; not run", pod_key(pod), unknown)
+            with self._lock:
+                self._ignored.add(uid)
             return
         worker = PodWorker(self, pod)
         with self._lock:

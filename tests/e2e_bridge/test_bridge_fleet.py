@@ -118,6 +118,22 @@ def fleet(bridge_cluster: Cluster, api_client: Any, bridge: Bridge) -> Iterator[
 
 
 def test_pods_run_on_their_pod_ips(fleet: Fleet) -> None:
+    def workers_ready_router_placed() -> bool:
+        pods = fleet.pods()
+        return (
+            all(role in pods and is_ready(pods[role]) for role in ("prefill", "decode"))
+            and "router" in pods
+            and bool(pods["router"].get("status", {}).get("podIP"))
+        )
+
+    wait_until(workers_ready_router_placed, 120, "prefill and decode pods Ready")
+    ready_at = []
+    for role in ("prefill", "decode"):
+        proc = fleet.bridge.process(fleet.namespace, fleet.pod(role)["metadata"]["name"])
+        assert proc is not None
+        ready_at.append(proc.timeline["ready"])
+    wait_until(lambda: len(workers(fleet.router_url())) == 2, 60, "router to list 2 workers")
+    report("both workers Ready -> router lists both", time.time() - max(ready_at))
     wait_until(lambda: all_ready(fleet), 120, "prefill, decode and router pods Ready")
     report("apply -> all three pods Ready", time.time() - fleet.created)
     for role, pod in fleet.pods().items():
@@ -153,6 +169,14 @@ def test_router_discovers_both_workers(fleet: Fleet) -> None:
     report("router lists both workers (after all Ready)", time.time() - t0)
     ready = httpx.get(f"{fleet.router_url()}/readiness", timeout=2)
     assert ready.status_code == 200, ready.text
+
+
+def test_steady_pods_cause_no_status_writes(fleet: Fleet) -> None:
+    wait_until(lambda: all_ready(fleet), 120, "fleet Ready")
+    before = {role: p["metadata"]["resourceVersion"] for role, p in fleet.pods().items()}
+    time.sleep(6)  # three probe periods: every probe ran, nothing changed
+    after = {role: p["metadata"]["resourceVersion"] for role, p in fleet.pods().items()}
+    assert after == before
 
 
 def _stream(url: str, body: dict[str, Any]) -> str:
@@ -216,6 +240,37 @@ def test_readiness_follows_the_engine(fleet: Fleet) -> None:
     assert "readiness failed" in events and "readiness succeeded" in events
 
 
+def test_an_engine_that_exits_is_restarted(fleet: Fleet) -> None:
+    wait_until(lambda: all_ready(fleet), 120, "fleet Ready")
+    name = fleet.pod("decode")["metadata"]["name"]
+    proc = fleet.bridge.process(fleet.namespace, name)
+    assert proc is not None and proc.pid is not None
+    os.kill(proc.pid, signal.SIGKILL)
+    t0 = time.time()
+
+    def restarted_and_ready() -> bool:
+        pod = fleet.pod("decode")
+        return is_ready(pod) and pod["status"]["containerStatuses"][0]["restartCount"] == 1
+
+    wait_until(restarted_and_ready, 60, "decode restarted (restartCount 1) and Ready")
+    report("engine killed -> restarted and Ready", time.time() - t0)
+    pod = fleet.pod("decode")
+    (cs,) = pod["status"]["containerStatuses"]
+    assert cs["lastState"]["terminated"]["exitCode"] == 137  # 128 + SIGKILL, as kubelet says
+    assert pod["status"]["phase"] == "Running"
+    again = fleet.bridge.process(fleet.namespace, name)
+    assert again is not None and again.pid != proc.pid and again.pod_ip == proc.pod_ip
+    # The router's health checker takes it back; traffic flows again.
+    url = f"http://{proc.pod_ip}:8000"
+    wait_until(lambda: workers(fleet.router_url()).get(url) == "decode", 60, "decode healthy")
+    r = httpx.post(
+        f"{fleet.router_url()}/v1/completions",
+        json={"model": MODEL, "prompt": "hello there", "max_tokens": 4},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+
+
 def test_deleting_a_pod_runs_prestop_then_stops_the_process(fleet: Fleet) -> None:
     wait_until(lambda: all_ready(fleet), 120, "fleet Ready")
     pod = fleet.pod("prefill")
@@ -248,3 +303,58 @@ def test_deleting_a_pod_runs_prestop_then_stops_the_process(fleet: Fleet) -> Non
     t0 = time.time()
     wait_until(lambda: workers(fleet.router_url()).get(url) == "prefill", 60, "router re-discovery")
     report("router lists the replacement", time.time() - t0)
+
+
+def test_kwok_only_gives_an_ip_to_pods_the_bridge_owns(
+    bridge_cluster: Cluster, api_client: Any, bridge: Bridge
+) -> None:
+    """The harness contract: kwok runs unlabelled pods itself; for a labelled pod it only
+    allocates the IP (Pending, ContainerCreating), and a labelled pod the bridge has no
+    runner for is left exactly so."""
+    core: Any = client.CoreV1Api(api_client)
+    namespace = f"e2e-{uuid.uuid4().hex[:8]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+
+    def pod(name: str, labels: dict[str, str]) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": {
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "main", "image": "example.com/tool:1"}],
+            },
+        }
+
+    try:
+        wait_until(
+            lambda: (
+                core.list_namespaced_service_account(
+                    namespace, field_selector="metadata.name=default"
+                ).items
+            ),
+            30,
+            "default ServiceAccount",
+        )
+        bridge_cluster.apply([pod("kwok-run", {}), pod("tool", {"pdfleet.dev/role": "tool"})])
+
+        def read(name: str) -> dict[str, Any]:
+            resp = core.read_namespaced_pod(name, namespace, _preload_content=False)
+            return dict(json.loads(resp.data))
+
+        wait_until(lambda: is_ready(read("kwok-run")), 30, "kwok to run the plain pod")
+        wait_until(lambda: read("tool").get("status", {}).get("podIP"), 30, "kwok's pod IP")
+        time.sleep(2)  # nobody else touches it
+        status = read("tool")["status"]
+        assert status["phase"] == "Pending"
+        assert not is_ready(read("tool"))
+        (cs,) = status["containerStatuses"]
+        assert cs["state"] == {"waiting": {"reason": "ContainerCreating"}}
+        node = json.loads(
+            core.read_node(read("tool")["spec"]["nodeName"], _preload_content=False).data
+        )
+        cidr = ipaddress.ip_network(node["spec"]["podCIDR"])
+        assert ipaddress.ip_address(status["podIP"]) in cidr
+        assert bridge.process(namespace, "tool") is None
+    finally:
+        core.delete_namespace(namespace)

@@ -330,6 +330,10 @@ def test_exit_action(policy: str, code: int, action: str) -> None:
     assert b.exit_action(policy, code) == action
 
 
+def test_exit_codes_as_kubelet_reports_them() -> None:
+    assert [b.exit_code(rc) for rc in (0, 1, -9, -15)] == [0, 1, 137, 143]
+
+
 def test_restart_backoff_and_grace_deadline() -> None:
     assert [b.restart_delay(n, 1.0, 30.0) for n in range(7)] == [1, 2, 4, 8, 16, 30, 30]
     pod = {"metadata": {"deletionTimestamp": "2026-01-01T00:05:40Z"}}
