@@ -1380,6 +1380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             logging.FileHandler(settings.log_dir / "bridge.log"),
         ],
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per probe otherwise
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
