@@ -93,3 +93,9 @@ def test_api_reference_is_current() -> None:
     from pdfleet.api.docs import render_api_docs
 
     assert (ROOT / "docs" / "api.md").read_text() == render_api_docs(), "run `make manifests`"
+
+
+def test_exclusive_bounds_use_the_openapi_v3_boolean_form() -> None:
+    for path, node in _walk(_schema()):
+        for key in ("exclusiveMinimum", "exclusiveMaximum"):
+            assert node.get(key, True) is True, f"{path}.{key} must be a boolean"

@@ -68,6 +68,11 @@ def _structural(node: Any) -> Any:
             out[key] = {name: _structural(prop) for name, prop in value.items()}
         else:
             out[key] = _structural(value)
+    for bound, limit in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        # JSON Schema 2020-12 (pydantic) writes the bound itself; Kubernetes' OpenAPI v3 takes
+        # the limit plus a boolean.
+        if isinstance(out.get(bound), int | float) and not isinstance(out[bound], bool):
+            out[limit], out[bound] = out[bound], True
     if "properties" in out or "x-kubernetes-preserve-unknown-fields" in out:
         out.setdefault("type", "object")
     return out

@@ -39,10 +39,8 @@ def _constraints(node: dict[str, Any]) -> str:
     if "enum" in node:
         parts.append("one of " + ", ".join(f"`{v}`" for v in node["enum"]))
     for key, label in (
-        ("minimum", ">="),
-        ("maximum", "<="),
-        ("exclusiveMinimum", ">"),
-        ("exclusiveMaximum", "<"),
+        ("minimum", ">" if node.get("exclusiveMinimum") else ">="),
+        ("maximum", "<" if node.get("exclusiveMaximum") else "<="),
         ("minLength", "min length"),
         ("maxLength", "max length"),
         ("maxItems", "max items"),
