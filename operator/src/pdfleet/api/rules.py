@@ -35,7 +35,9 @@ class Rule:
 
     def crd_entry(self) -> dict[str, str]:
         entry = {"rule": self.cel, "message": self.message}
-        if self.field:
+        # fieldPath must name a field of the schema; metadata has none, so a rule on
+        # metadata.name reports on the object (its message names the field).
+        if self.field and not self.field.startswith(".metadata."):
             entry["fieldPath"] = self.field
         return entry
 

@@ -466,13 +466,13 @@ class AutoscalingSpec(ApiModel):
 
     __rules__ = (
         Rule(
-            cel="!self.enabled || has(self.gpuBudget)",
+            cel="!has(self.enabled) || !self.enabled || has(self.gpuBudget)",
             message="enabled autoscaling needs gpuBudget",
             field=".gpuBudget",
             check=lambda a: not a.enabled or a.gpu_budget is not None,
         ),
         Rule(
-            cel="!self.enabled || has(self.prometheus)",
+            cel="!has(self.enabled) || !self.enabled || has(self.prometheus)",
             message="enabled autoscaling needs prometheus.url",
             field=".prometheus",
             check=lambda a: not a.enabled or a.prometheus is not None,
@@ -530,7 +530,8 @@ class InferenceServiceSpec(ApiModel):
 
     __rules__ = (
         Rule(
-            cel="!has(self.autoscaling) || !self.autoscaling.enabled || has(self.slo)",
+            cel="!has(self.autoscaling) || !has(self.autoscaling.enabled) || "
+            "!self.autoscaling.enabled || has(self.slo)",
             message="enabled autoscaling needs slo targets",
             field=".slo",
             check=lambda s: not s.autoscaling.enabled or s.slo is not None,
