@@ -6,7 +6,15 @@ import math
 
 import pytest
 
-from pdfleet.autoscale.capacity import RoleCapacity, capacity, fitted, observe
+from pdfleet.autoscale.capacity import (
+    Bracket,
+    RoleCapacity,
+    bracket_capacity,
+    capacity,
+    fitted,
+    observe,
+    observe_bracket,
+)
 
 
 def _fit(points: list[tuple[float, float]], target: float) -> RoleCapacity:
@@ -30,8 +38,9 @@ def test_recovers_queue_capacity() -> None:
         ("nothing known", [], None, None),
     ],
 )
-def test_fallbacks(name: str, points: list[tuple[float, float]], prior: float | None,
-                   want: float | None) -> None:
+def test_fallbacks(
+    name: str, points: list[tuple[float, float]], prior: float | None, want: float | None
+) -> None:
     assert capacity(_fit(points, 1.0), 1.0, prior) == want, name
 
 
@@ -51,3 +60,46 @@ def test_decay_forgets() -> None:
     s = observe(RoleCapacity(), 0.0, 10.0, 0.1, 1.0, half_life_s=10.0)
     s = observe(s, 100.0, math.nan, 0.1, 1.0, half_life_s=10.0)
     assert s.weight < 0.01
+
+
+# --- saturation bracket (prefill) ----------------------------------------------------------
+
+
+def _bracket(points: list[tuple[float, float, float]], prior: float | None = 100.0) -> Bracket:
+    s = Bracket()
+    for at, x, y in points:
+        s = observe_bracket(s, at, x, y, 1.0, half_life_s=1e9, prior=prior)
+    return s
+
+
+@pytest.mark.parametrize(
+    ("name", "points", "want"),
+    [
+        ("nothing seen: the prior", [], 100.0),
+        ("held under load: probes up", [(0.0, 90.0, 0.2)], 102.0),
+        ("held lightly: no probe", [(0.0, 20.0, 0.2)], 100.0),
+        ("violation at the estimate: cut", [(0.0, 100.0, 3.0)], 85.0),
+        ("violation above the estimate confirms it", [(0.0, 120.0, 3.0)], 100.0),
+        (
+            "violation at a load that held: a burst, no cut",
+            [(0.0, 90.0, 0.2), (15.0, 80.0, 3.0)],
+            102.0,
+        ),
+        # the second window does not cut again, but what broke bounds the estimate
+        ("overlapping windows cut once", [(0.0, 100.0, 3.0), (15.0, 80.0, 3.0)], 0.95 * 80.0),
+        ("never far above what held", [(float(i), 90.0, 0.2) for i in range(40)], 125.0),
+        (
+            "never at what broke",
+            [(0.0, 100.0, 0.2), (1.0, 104.0, 3.0)] + [(100.0 + i, 100.0, 0.2) for i in range(20)],
+            0.95 * 104.0,
+        ),
+    ],
+)
+def test_bracket(name: str, points: list[tuple[float, float, float]], want: float) -> None:
+    got = bracket_capacity(_bracket(points), 100.0)
+    assert got == pytest.approx(want), name
+
+
+def test_bracket_without_prior_uses_what_held() -> None:
+    assert bracket_capacity(_bracket([(0.0, 40.0, 0.2)], prior=None), None) == 40.0
+    assert bracket_capacity(Bracket(), None) is None

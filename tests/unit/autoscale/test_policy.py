@@ -21,23 +21,46 @@ from pdfleet.autoscale.policy import (
 )
 
 CFG = PolicyConfig(
-    ttft_target_s=1.0, itl_target_s=0.015, prefill_min=1, prefill_max=8, decode_min=1,
-    decode_max=8, gpu_budget=12, interval_s=15, scale_up_stabilization_s=0,
-    scale_down_stabilization_s=300, max_scale_up_step=4, max_scale_down_step=1,
-    prefill_capacity_prior=30_000.0, decode_capacity_prior=10_000.0,
+    ttft_target_s=1.0,
+    itl_target_s=0.015,
+    prefill_min=1,
+    prefill_max=8,
+    decode_min=1,
+    decode_max=8,
+    gpu_budget=12,
+    interval_s=15,
+    scale_up_stabilization_s=0,
+    scale_down_stabilization_s=300,
+    max_scale_up_step=4,
+    max_scale_down_step=1,
+    prefill_capacity_prior=30_000.0,
+    decode_capacity_prior=10_000.0,
 )
 NOW = 1000.0
 
 
-def role(ttft: float = 0.2, itl: float = 0.008, prompt: float = 30_000.0, gen: float = 5_000.0,
-         waiting: float = 0.0, rate: float = 25.0) -> RoleMetrics:
-    return RoleMetrics(ttft_s=ttft, itl_s=itl, request_rate=rate, prompt_tokens_rate=prompt,
-                       generation_tokens_rate=gen, num_requests_waiting=waiting,
-                       kv_cache_usage=0.2)
+def role(
+    ttft: float = 0.2,
+    itl: float = 0.008,
+    prompt: float = 30_000.0,
+    gen: float = 5_000.0,
+    waiting: float = 0.0,
+    rate: float = 25.0,
+) -> RoleMetrics:
+    return RoleMetrics(
+        ttft_s=ttft,
+        itl_s=itl,
+        request_rate=rate,
+        prompt_tokens_rate=prompt,
+        generation_tokens_rate=gen,
+        num_requests_waiting=waiting,
+        kv_cache_usage=0.2,
+    )
 
 
-def window(prefill: RoleMetrics | None = None, decode: RoleMetrics | None = None,
-           at: float = NOW) -> MetricsWindow:
+def window(
+    prefill: RoleMetrics | None = None, decode: RoleMetrics | None = None, at: float = NOW
+) -> MetricsWindow:
     p = prefill or role(itl=math.nan, gen=0.0)
     d = decode or role(prompt=0.0, ttft=0.01)
     return MetricsWindow(at_s=at, window_s=60.0, prefill=p, decode=d)
@@ -63,8 +86,9 @@ def cond(d: Decision, type_: str) -> tuple[str, str]:
         ("NaN ITL with traffic", window(decode=role(itl=math.nan)), "MetricsNaN"),
     ],
 )
-def test_holds_when_metrics_untrustworthy(name: str, metrics: MetricsWindow | None,
-                                          reason: str) -> None:
+def test_holds_when_metrics_untrustworthy(
+    name: str, metrics: MetricsWindow | None, reason: str
+) -> None:
     # idle-looking fleet of 5+5 would scale down if the metrics were trusted
     d = decide(CFG, NOW, rr(5), rr(5), metrics)
     assert (d.prefill, d.decode) == (5, 5), name
@@ -73,8 +97,10 @@ def test_holds_when_metrics_untrustworthy(name: str, metrics: MetricsWindow | No
 
 
 def test_nan_quantile_without_traffic_is_not_missing() -> None:
-    idle = window(prefill=role(ttft=math.nan, prompt=0.0, rate=0.0, gen=0.0),
-                  decode=role(itl=math.nan, ttft=math.nan, gen=0.0, prompt=0.0, rate=0.0))
+    idle = window(
+        prefill=role(ttft=math.nan, prompt=0.0, rate=0.0, gen=0.0),
+        decode=role(itl=math.nan, ttft=math.nan, gen=0.0, prompt=0.0, rate=0.0),
+    )
     assert metrics_problem(NOW, CFG, idle) is None
 
 
@@ -84,13 +110,23 @@ def test_nan_quantile_without_traffic_is_not_missing() -> None:
         # 90k prompt tok/s at 30k per replica x 0.9 -> 4 prefill; 5k gen tok/s -> 1 decode
         ("sizes from capacity", role(prompt=90_000), role(gen=5_000), (3, 1), (4, 1)),
         # one decode replica just served 25k tok/s within target: capacity is at least that
-        ("capacity at least what a replica served", role(prompt=20_000), role(gen=25_000),
-         (1, 1), (1, 2)),
+        (
+            "capacity at least what a replica served",
+            role(prompt=20_000),
+            role(gen=25_000),
+            (1, 1),
+            (1, 2),
+        ),
         ("quiet: no change", role(prompt=25_000), role(gen=5_000), (1, 1), (1, 1)),
     ],
 )
-def test_capacity_sizing(name: str, prefill_metrics: RoleMetrics, decode_metrics: RoleMetrics,
-                         cur: tuple[int, int], want: tuple[int, int]) -> None:
+def test_capacity_sizing(
+    name: str,
+    prefill_metrics: RoleMetrics,
+    decode_metrics: RoleMetrics,
+    cur: tuple[int, int],
+    want: tuple[int, int],
+) -> None:
     d = decide(CFG, NOW, rr(cur[0]), rr(cur[1]), window(prefill_metrics, decode_metrics))
     assert (d.prefill, d.decode) == want, (name, d.reasons)
     assert cond(d, "MetricsAvailable") == ("True", "MetricsFresh")
@@ -124,12 +160,18 @@ def test_pending_pods_are_not_capacity_and_reported() -> None:
     assert d.prefill == 3  # no further escalation while the requested pods wait
 
 
-def _hist(at: float, p: int, d: int, rec_p: int | None = None, rec_d: int | None = None
-          ) -> Decision:
+def _hist(
+    at: float, p: int, d: int, rec_p: int | None = None, rec_d: int | None = None
+) -> Decision:
     base = decide(CFG, at, rr(p), rr(d), window(at=at))
-    return replace(base, at_s=at, prefill=p, decode=d,
-                   recommended_prefill=p if rec_p is None else rec_p,
-                   recommended_decode=d if rec_d is None else rec_d)
+    return replace(
+        base,
+        at_s=at,
+        prefill=p,
+        decode=d,
+        recommended_prefill=p if rec_p is None else rec_p,
+        recommended_decode=d if rec_d is None else rec_d,
+    )
 
 
 @pytest.mark.parametrize(
@@ -137,37 +179,68 @@ def _hist(at: float, p: int, d: int, rec_p: int | None = None, rec_d: int | None
     [
         ("fast up, step-limited", 9, 2, [], 6),
         ("up now", 3, 2, [], 3),
-        ("down blocked by a high recommendation in the window", 1, 4,
-         [_hist(NOW - 200, 4, 1, rec_p=4)], 4),
+        (
+            "down blocked by a high recommendation in the window",
+            1,
+            4,
+            [_hist(NOW - 200, 4, 1, rec_p=4)],
+            4,
+        ),
         ("down one step after the window", 1, 4, [_hist(NOW - 400, 4, 1, rec_p=4)], 3),
         ("down waits a period after a change", 1, 4, [_hist(NOW - 30, 5, 1, rec_p=1)], 4),
     ],
 )
-def test_stabilization(name: str, rec: int, current: int, history: list[Decision],
-                       want: int) -> None:
+def test_stabilization(
+    name: str, rec: int, current: int, history: list[Decision], want: int
+) -> None:
     assert stabilize("prefill", rec, current, NOW, CFG, history) == want, name
 
 
 @pytest.mark.parametrize(
     ("name", "desired", "current", "need", "violating", "want"),
     [
-        ("fits", {"prefill": 5, "decode": 5}, {"prefill": 5, "decode": 5},
-         {"prefill": 5, "decode": 5}, {"prefill": False, "decode": False},
-         {"prefill": 5, "decode": 5}),
-        ("growth capped at budget", {"prefill": 10, "decode": 4}, {"prefill": 6, "decode": 4},
-         {"prefill": 10, "decode": 4}, {"prefill": False, "decode": False},
-         {"prefill": 8, "decode": 4}),
-        ("GPU moves from slack decode to violating prefill", {"prefill": 9, "decode": 4},
-         {"prefill": 8, "decode": 4}, {"prefill": 9, "decode": 2},
-         {"prefill": True, "decode": False}, {"prefill": 9, "decode": 3}),
-        ("no move when the donor violates too", {"prefill": 9, "decode": 4},
-         {"prefill": 8, "decode": 4}, {"prefill": 9, "decode": 2},
-         {"prefill": True, "decode": True}, {"prefill": 8, "decode": 4}),
+        (
+            "fits",
+            {"prefill": 5, "decode": 5},
+            {"prefill": 5, "decode": 5},
+            {"prefill": 5, "decode": 5},
+            {"prefill": False, "decode": False},
+            {"prefill": 5, "decode": 5},
+        ),
+        (
+            "growth capped at budget",
+            {"prefill": 10, "decode": 4},
+            {"prefill": 6, "decode": 4},
+            {"prefill": 10, "decode": 4},
+            {"prefill": False, "decode": False},
+            {"prefill": 8, "decode": 4},
+        ),
+        (
+            "GPU moves from slack decode to violating prefill",
+            {"prefill": 9, "decode": 4},
+            {"prefill": 8, "decode": 4},
+            {"prefill": 9, "decode": 2},
+            {"prefill": True, "decode": False},
+            {"prefill": 9, "decode": 3},
+        ),
+        (
+            "no move when the donor violates too",
+            {"prefill": 9, "decode": 4},
+            {"prefill": 8, "decode": 4},
+            {"prefill": 9, "decode": 2},
+            {"prefill": True, "decode": True},
+            {"prefill": 8, "decode": 4},
+        ),
     ],
 )
-def test_gpu_budget(name: str, desired: dict[str, int], current: dict[str, int],
-                    need: dict[str, int], violating: dict[str, bool],
-                    want: dict[str, int]) -> None:
+def test_gpu_budget(
+    name: str,
+    desired: dict[str, int],
+    current: dict[str, int],
+    need: dict[str, int],
+    violating: dict[str, bool],
+    want: dict[str, int],
+) -> None:
     pressure = {"prefill": 1.0, "decode": 0.5}
     got, _ = fit_budget(desired, current, need, pressure, violating, CFG)  # type: ignore[arg-type]
     assert got == want, name
@@ -177,8 +250,7 @@ def test_gpu_budget(name: str, desired: dict[str, int], current: dict[str, int],
     ("name", "cur", "want"),
     [("raised to min", (0, 0), (1, 1)), ("lowered to max", (12, 2), (8, 2))],
 )
-def test_bounds_even_when_holding(name: str, cur: tuple[int, int],
-                                  want: tuple[int, int]) -> None:
+def test_bounds_even_when_holding(name: str, cur: tuple[int, int], want: tuple[int, int]) -> None:
     d = decide(CFG, NOW, rr(cur[0]), rr(cur[1]), None)
     assert (d.prefill, d.decode) == want, name
 
@@ -195,3 +267,63 @@ def test_capacity_is_carried_and_history_trimmed() -> None:
     second = decide(CFG, NOW + 15, rr(2), rr(1), window(at=NOW + 15), (first,))
     assert second.capacity.prefill.weight > first.capacity.prefill.weight > 0
     assert trim_history((first, second), NOW + 10_000, CFG) == ()
+
+
+def peaky(prompt: float, peak: float, ttft: float = 0.2) -> RoleMetrics:
+    return replace(
+        role(prompt=prompt, ttft=ttft, itl=math.nan, gen=0.0), prompt_tokens_rate_peak=peak
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "prefill_metrics", "want"),
+    [
+        # 30k mean but 60k in the busiest 15 s: sized on the burst (about 30k x 0.9 each)
+        ("sized on the short-interval peak", peaky(30_000, 60_000), 3),
+        ("no peak from the source: the mean", peaky(30_000, math.nan), 2),
+        ("a peak below the mean is noise", peaky(30_000, 10_000), 2),
+        # violating: the excess over the two ready replicas (80k - 60k) accrues for a
+        # start-up (120 s) and is worked off in 60 s: (80k + 40k) / 27k -> 5
+        ("backlog while violating", peaky(50_000, 80_000, ttft=3.0), 5),
+    ],
+)
+def test_prefill_burst_and_backlog(name: str, prefill_metrics: RoleMetrics, want: int) -> None:
+    d = decide(CFG, NOW, rr(2), rr(1), window(prefill_metrics))
+    assert d.prefill == want, (name, d.reasons)
+
+
+def _steady(at: float, p: int, d: int = 1, rec_p: int | None = None) -> Decision:
+    return _hist(at, p, d, rec_p=p if rec_p is None else rec_p)
+
+
+@pytest.mark.parametrize(
+    ("name", "history", "want"),
+    [
+        ("no history covering the window: hold", [_steady(NOW - 60, 4, rec_p=1)], 4),
+        (
+            "history covers the window: one step down",
+            [_steady(NOW - 400, 4, rec_p=1), _steady(NOW - 100, 4, rec_p=1)],
+            3,
+        ),
+        (
+            "grew inside the window: no reversal",
+            [_steady(NOW - 400, 3, rec_p=1), _steady(NOW - 200, 4, rec_p=1)],
+            4,
+        ),
+    ],
+)
+def test_no_reversal_inside_stabilization(name: str, history: list[Decision], want: int) -> None:
+    assert stabilize("prefill", 1, 4, NOW, CFG, history) == want, name
+
+
+def test_busiest_recent_minute_keeps_prefill() -> None:
+    # a burst of 80k a minute ago, quiet now: 80k / (30k x 0.9) needs 3, not 1
+    first = decide(CFG, NOW - 60, rr(3), rr(1), window(peaky(80_000, 80_000), at=NOW - 60))
+    quiet = decide(CFG, NOW, rr(3), rr(1), window(peaky(5_000, 5_000)), (first,))
+    assert quiet.recommended_prefill == 3, quiet.reasons
+
+
+def test_pending_pods_block_growth_of_their_role() -> None:
+    m = window(prefill=role(prompt=200_000, ttft=3.0))
+    d = decide(CFG, NOW, rr(4, ready=2, pending=2), rr(1), m)
+    assert d.prefill == 4, d.reasons

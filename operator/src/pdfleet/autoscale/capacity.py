@@ -65,7 +65,12 @@ def _decay(state: RoleCapacity, at_s: float, half_life_s: float) -> RoleCapacity
 
 
 def observe(
-    state: RoleCapacity, at_s: float, x: float, y: float, target: float, half_life_s: float,
+    state: RoleCapacity,
+    at_s: float,
+    x: float,
+    y: float,
+    target: float,
+    half_life_s: float,
     estimate: float | None = None,
 ) -> RoleCapacity:
     """Fold one window's (load per replica `x`, latency quantile `y`) into the model.
@@ -130,4 +135,94 @@ def capacity(state: RoleCapacity, target: float, prior: float | None) -> float |
         est = state.best_ok
     est = max(est, min(state.best_ok, state.ceiling))
     est = max(min(est, state.ceiling), _MAX_FEEDBACK_CUT * est)
+    return est if est > 0 else None
+
+
+# --- saturation capacity of a batching engine (prefill) ------------------------------------
+#
+# A batching prefill engine does not queue like a single server: its TTFT stays flat (own
+# prompt time plus a short wait) until the offered load reaches the engine's token throughput,
+# then the backlog grows without bound. The queue fit above reads the flat part as "far from
+# capacity" and the explosion as noise, so it underestimates. Instead, bracket the capacity
+# between the highest load per replica seen meeting the target (`held`) and the lowest seen
+# breaking it while loaded (`broke`), and move a working estimate (`probe`) inside the bracket
+# AIMD-style: up a little while the target holds under load, down by a factor on a violation.
+
+_PROBE_UP = 0.02  # relative increase per window that holds the target under load
+_PROBE_DOWN = 0.85  # factor on a violation under load
+_PROBE_LOADED = 0.7  # a window says something about capacity above this share of the estimate
+_PROBE_REACH = 1.25  # never plan for more than this factor above the load seen holding
+_BROKE_MARGIN = 0.95  # stay this far below the lowest load seen breaking the target
+
+
+@dataclass(frozen=True)
+class Bracket:
+    """What a replica of a batching engine sustains: evidence and the AIMD estimate."""
+
+    held: float = 0.0  # highest load per replica seen meeting the target (decays slowly)
+    broke: float = math.inf  # lowest load per replica seen breaking it (relaxes upwards)
+    probe: float | None = None  # working estimate; None until the first loaded window
+    updated_at_s: float | None = None
+    cut_at_s: float | None = None  # last multiplicative decrease
+
+
+def _relax(state: Bracket, at_s: float, half_life_s: float) -> Bracket:
+    if state.updated_at_s is None or at_s <= state.updated_at_s:
+        return state
+    f = 0.5 ** ((at_s - state.updated_at_s) / half_life_s)
+    # "held" is solid evidence, kept four times longer than a violation is
+    return replace(state, held=state.held * f**0.25, broke=state.broke / f, updated_at_s=at_s)
+
+
+def observe_bracket(
+    state: Bracket,
+    at_s: float,
+    x: float,
+    y: float,
+    target: float,
+    half_life_s: float,
+    prior: float | None,
+    window_s: float = 60.0,
+) -> Bracket:
+    """Fold one window (peak load per replica `x`, latency quantile `y`) in.
+
+    Overlapping windows repeat the same evidence, so the estimate is cut at most once per
+    `window_s`. A violation below `_PROBE_LOADED` of the estimate, or at a load seen holding
+    the target before, is a burst or a backlog still draining (the policy's feedback answers
+    it), not a capacity limit.
+    """
+    state = _relax(state, at_s, half_life_s)
+    if not (x > 0 and math.isfinite(x) and math.isfinite(y) and target > 0):
+        return replace(state, updated_at_s=at_s)
+    est = bracket_capacity(state, prior)
+    loaded = est is None or x >= _PROBE_LOADED * est
+    probe = state.probe if state.probe is not None else est
+    held, broke, cut_at = state.held, state.broke, state.cut_at_s
+    if y <= target:
+        held = max(held, x)
+        if loaded and probe is not None:
+            probe *= 1.0 + _PROBE_UP
+    elif loaded and x > held:  # at a load that has held before, it is a burst or a backlog
+        broke = min(broke, x)
+        # above the estimate the violation confirms it; at or below it, it was too high
+        if (est is None or x <= est) and (cut_at is None or at_s - cut_at >= window_s):
+            probe = min(probe if probe is not None else x, x) * _PROBE_DOWN
+            cut_at = at_s
+    new = Bracket(held=held, broke=broke, probe=probe, updated_at_s=at_s, cut_at_s=cut_at)
+    bound = bracket_capacity(new, prior)
+    if probe is not None and bound is not None and probe > bound:  # no wind-up above the cap
+        new = replace(new, probe=bound)
+    return new
+
+
+def bracket_capacity(state: Bracket, prior: float | None) -> float | None:
+    """Load per replica to plan for: the estimate (else the prior) kept inside the evidence."""
+    est = state.probe if state.probe is not None else prior
+    if est is None:
+        return state.held or None
+    hi = _BROKE_MARGIN * state.broke
+    if state.held > 0:
+        hi = min(hi, _PROBE_REACH * max(state.held, prior or 0.0))
+    est = min(est, hi)
+    est = max(est, min(state.held, hi))  # what held the target is sustainable
     return est if est > 0 else None

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pdfleet.autoscale import capacity as cap
@@ -62,8 +62,15 @@ class PolicyConfig:
     prefill_target_utilization: float = 0.9
     decode_target_utilization: float = 0.95
     scale_down_margin: float = 0.85  # a smaller pool must stay below margin x target
+    # Decode may shrink when the fitted ITL of the smaller pool stays below this share of
+    # the target (its latency curve is smooth, so the fit predicts it well).
+    scale_down_latency_fraction: float = 0.8
     capacity_half_life_s: float = 900.0
     trend_window_s: float = 300.0
+    backlog_drain_s: float = 60.0  # queued prompts should be worked off within this
+    # Bursts shorter than a start-up recur: prefill does not shrink below what the busiest
+    # recent minute needs, remembered with this half-life.
+    burst_memory_half_life_s: float = 600.0
     # Optional priors (load per replica at the target): prompt tokens/s for prefill,
     # generated tokens/s for decode. Without them the policy starts in feedback-only mode.
     prefill_capacity_prior: float | None = None
@@ -112,6 +119,10 @@ class RoleMetrics:
     generation_tokens_rate: float
     num_requests_waiting: float
     kv_cache_usage: float
+    # Highest short-interval (15 s) prompt-token rate inside the window, from a PromQL
+    # subquery (docs/autoscaling.md); NaN when the source does not provide it, and the
+    # policy then sizes prefill on the window mean.
+    prompt_tokens_rate_peak: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -144,8 +155,14 @@ class Observed:
 
 @dataclass(frozen=True)
 class Capacity:
+    """Learned per-replica capacity: the queue fit per role (decode sizes on it) and the
+    saturation bracket of the batching prefill engine (prefill sizes on it)."""
+
     prefill: cap.RoleCapacity = field(default_factory=cap.RoleCapacity)
     decode: cap.RoleCapacity = field(default_factory=cap.RoleCapacity)
+    prefill_bracket: cap.Bracket = field(default_factory=cap.Bracket)
+    prefill_busiest: float = 0.0  # decayed maximum of the window-mean prompt rate
+    busiest_at_s: float | None = None
 
     def get(self, role: Role) -> cap.RoleCapacity:
         return self.prefill if role == "prefill" else self.decode
@@ -176,12 +193,13 @@ class Decision:
 class _RoleView:
     """Per-role inputs after validation: demand, load per ready replica, latency vs target."""
 
-    demand: float
+    demand: float  # window mean
     latency: float
     target: float
-    x: float  # demand per ready replica
+    x: float  # sizing load per ready replica
     waiting: float
     mean_prompt: float
+    peak: float  # sizing load: the short-interval peak for prefill, else the mean
 
 
 def _finite(*values: float) -> bool:
@@ -220,14 +238,19 @@ def _views(
     decode_ttft = d.ttft_s if _finite(d.ttft_s) else 0.0
     ttft_budget = max(config.ttft_target_s - decode_ttft, 0.5 * config.ttft_target_s)
     mean_prompt = p.prompt_tokens_rate / p.request_rate if p.request_rate > 0 else 0.0
+    # Prefill TTFT is set by the bursts a batching engine has to absorb, which a window mean
+    # hides; the peak short-interval rate is what the pool must carry.
+    peak = p.prompt_tokens_rate_peak
+    peak = max(peak, p.prompt_tokens_rate) if _finite(peak) else p.prompt_tokens_rate
     return {
         "prefill": _RoleView(
             demand=p.prompt_tokens_rate,
             latency=p.ttft_s if _finite(p.ttft_s) else 0.0,
             target=ttft_budget,
-            x=p.prompt_tokens_rate / max(fleet["prefill"].ready, 1),
+            x=peak / max(fleet["prefill"].ready, 1),
             waiting=p.num_requests_waiting,
             mean_prompt=mean_prompt,
+            peak=peak,
         ),
         "decode": _RoleView(
             demand=d.generation_tokens_rate,
@@ -236,6 +259,7 @@ def _views(
             x=d.generation_tokens_rate / max(fleet["decode"].ready, 1),
             waiting=d.num_requests_waiting,
             mean_prompt=mean_prompt,
+            peak=d.generation_tokens_rate,
         ),
     }
 
@@ -256,18 +280,46 @@ def _stable_ready(
 def _trend(
     role: Role, demand: float, now_s: float, config: PolicyConfig, history: Sequence[Decision]
 ) -> float:
-    """Upward demand slope per second over the trend window (0 when flat or falling)."""
-    oldest: Decision | None = None
+    """Upward demand slope per second over the trend window (0 when flat or falling).
+
+    A least-squares slope through every window-mean demand in the trend window: the end
+    points alone turn minute-to-minute noise into a trend.
+    """
+    pts = [(0.0, demand)]
     for h in history:
         age = now_s - h.at_s
-        if h.observed is None or age > config.trend_window_s or age < config.interval_s:
+        if h.observed is None or age > config.trend_window_s or age <= 0:
             continue
-        if oldest is None or h.at_s < oldest.at_s:
-            oldest = h
-    if oldest is None or oldest.observed is None:
-        return 0.0
-    past = oldest.observed.prefill_demand if role == "prefill" else oldest.observed.decode_demand
-    return max(0.0, (demand - past) / (now_s - oldest.at_s))
+        past = h.observed.prefill_demand if role == "prefill" else h.observed.decode_demand
+        pts.append((-age, past))
+    if len(pts) < 3 or -min(t for t, _ in pts) < 0.5 * config.trend_window_s:
+        return 0.0  # too short a history to tell a trend from a start-up ramp
+    mt = sum(t for t, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    var = sum((t - mt) ** 2 for t, _ in pts)
+    cov = sum((t - mt) * (y - my) for t, y in pts)
+    return max(0.0, cov / var) if var > 0 else 0.0
+
+
+def forecast(
+    role: Role, view: _RoleView, capacity: float, ready: int, slope: float, config: PolicyConfig
+) -> float:
+    """Load the pool must carry once a replica started now is ready.
+
+    The sizing load (prefill: the burst peak) plus the upward trend over start-up and one
+    interval; for prefill also the backlog: the prompts queued now plus what a sustained
+    excess over the ready replicas adds during start-up, worked off within `backlog_drain_s`.
+    """
+    lookahead = config.startup_s + config.interval_s
+    load = view.peak + slope * lookahead
+    if role == "prefill" and view.mean_prompt > 0:
+        # the excess grows the backlog until new replicas are ready; while the target is
+        # broken the peak is taken as sustained (the mean lags a step by a whole window)
+        arriving = view.peak if view.latency > view.target else view.demand
+        backlog = view.waiting * view.mean_prompt
+        backlog += max(0.0, arriving - ready * capacity) * config.startup_s
+        load += backlog / config.backlog_drain_s
+    return load
 
 
 def recommend(
@@ -278,8 +330,13 @@ def recommend(
     ready: int,
     slope: float,
     config: PolicyConfig,
+    down_limit: float | None = None,
 ) -> tuple[int, str]:
-    """Raw replica recommendation for one role, before stabilization, and why."""
+    """Raw replica recommendation for one role, before stabilization, and why.
+
+    A smaller pool must stay under the scale-down margin of the planned load per replica,
+    or under `down_limit`, a load per replica that evidence says holds the target.
+    """
     violating = view.latency > view.target
     if capacity is None:
         # Feedback-only until the capacity is known: +1 on violation, -1 when far below.
@@ -288,18 +345,16 @@ def recommend(
         if view.latency < 0.5 * view.target and view.waiting == 0:
             return current - 1, f"{role}: well under target, capacity unknown"
         return current, f"{role}: capacity unknown, holding"
-    lookahead = config.startup_s + config.interval_s
-    forecast = view.demand + slope * lookahead
-    if role == "prefill" and view.mean_prompt > 0:
-        # queued prompts must be worked off within a start-up delay on top of new arrivals
-        forecast += view.waiting * view.mean_prompt / lookahead
+    load = forecast(role, view, capacity, ready, slope, config)
     util = config.utilization(role)
-    n = math.ceil(forecast / (capacity * util) - 1e-9)
+    n = math.ceil(load / (capacity * util) - 1e-9)
     if n < current:
-        down_util = util * config.scale_down_margin
-        n = max(n, math.ceil(view.demand / (capacity * down_util) - 1e-9))
+        limit = capacity * util * config.scale_down_margin
+        if down_limit is not None:
+            limit = max(limit, down_limit)
+        n = max(n, min(current, math.ceil(load / max(limit, 1e-9) - 1e-9)))
     why = (
-        f"{role}: demand {view.demand:.0f}/s (forecast {forecast:.0f}), "
+        f"{role}: load {view.peak:.0f}/s (mean {view.demand:.0f}, forecast {load:.0f}), "
         f"capacity {capacity:.0f}/s per replica -> {n}"
     )
     if violating:
@@ -328,14 +383,28 @@ def stabilize(
     down = max(down_recs)
     if up > current:
         return min(up, current + config.max_scale_up_step)
-    recently_changed = any(
-        h.desired(role) != current
-        for h in history
-        if now_s - h.at_s < config.scale_down_period_s
-    )
-    if down < current and not recently_changed:
+    if down < current and _may_shrink(role, current, now_s, config, history):
         return max(down, current - config.max_scale_down_step)
     return current
+
+
+def _may_shrink(
+    role: Role, current: int, now_s: float, config: PolicyConfig, history: Sequence[Decision]
+) -> bool:
+    """No reversal inside the stabilization window: a role that grew within it does not
+    shrink, nor does one whose history does not yet cover the window (just started, so
+    nothing says the recommendation would hold), and at most one step per period."""
+    window = config.scale_down_stabilization_s
+    if not history or now_s - history[0].at_s < window:
+        return False
+    prev = None
+    for h in history:
+        if now_s - h.at_s < window and prev is not None and h.desired(role) > prev:
+            return False
+        prev = h.desired(role)
+    return not any(
+        h.desired(role) != current for h in history if now_s - h.at_s < config.scale_down_period_s
+    )
 
 
 def clamp(role: Role, n: int, config: PolicyConfig) -> int:
@@ -437,6 +506,80 @@ def _pending(fleet: dict[Role, RoleReplicas]) -> tuple[Condition, ...]:
     return (Condition("InsufficientCapacity", "False", "AllScheduled"),)
 
 
+def _learn(
+    config: PolicyConfig,
+    metrics: MetricsWindow,
+    fleet: dict[Role, RoleReplicas],
+    views: dict[Role, _RoleView],
+    last: Capacity,
+    history: Sequence[Decision],
+) -> Capacity:
+    """Fold this window into the capacity models of the roles whose ready count held still
+    through it (a window straddling a change mixes two pool sizes)."""
+    stable = {
+        r: fleet[r].ready > 0
+        and _stable_ready(r, fleet[r].ready, metrics.at_s, metrics.window_s, history)
+        for r in ROLES
+    }
+    out = last
+    for r in ROLES:
+        if not stable[r]:
+            continue
+        v = views[r]
+        state = last.get(r)
+        # "loaded" is judged against the larger of belief and prior, so that an early
+        # low estimate cannot make every burst look like a capacity limit
+        before = max(cap.capacity(state, v.target, config.prior(r)) or 0.0, config.prior(r) or 0.0)
+        state = cap.observe(
+            state,
+            metrics.at_s,
+            v.x,
+            v.latency,
+            v.target,
+            config.capacity_half_life_s,
+            before or None,
+        )
+        out = replace(out, prefill=state) if r == "prefill" else replace(out, decode=state)
+    demand = views["prefill"].demand
+    kept = last.prefill_busiest
+    if last.busiest_at_s is not None and metrics.at_s > last.busiest_at_s:
+        kept *= 0.5 ** ((metrics.at_s - last.busiest_at_s) / config.burst_memory_half_life_s)
+    out = replace(out, prefill_busiest=max(kept, demand), busiest_at_s=metrics.at_s)
+    if stable["prefill"]:
+        v = views["prefill"]
+        bracket = cap.observe_bracket(
+            last.prefill_bracket,
+            metrics.at_s,
+            v.x,
+            v.latency,
+            v.target,
+            config.capacity_half_life_s,
+            config.prefill_capacity_prior,
+            metrics.window_s,
+        )
+        out = replace(out, prefill_bracket=bracket)
+    return out
+
+
+def _down_limit(
+    role: Role, learned: Capacity, capacity: float | None, target: float, config: PolicyConfig
+) -> float | None:
+    """Load per replica a smaller pool may carry, from evidence; None: use the margin.
+
+    Prefill: what has been seen to hold the target (never extrapolated downwards into a
+    burst the pool has not absorbed). Decode: where the fitted ITL curve reaches
+    `scale_down_latency_fraction` of the target.
+    """
+    if capacity is None:
+        return None
+    planned = capacity * config.utilization(role)
+    if role == "prefill":
+        # sized on the burst peak already, and the estimate stays within reach of what held
+        return planned
+    at = cap.fitted(learned.decode, config.scale_down_latency_fraction * target)
+    return min(planned, at) if at is not None and at > 0 else None
+
+
 def decide(
     config: PolicyConfig,
     now_s: float,
@@ -458,29 +601,29 @@ def decide(
     assert metrics is not None
     views = _views(config, metrics, fleet)
     last_cap = history[-1].capacity if history else Capacity()
-    learned: dict[Role, cap.RoleCapacity] = {}
-    caps: dict[Role, float | None] = {}
-    for r in ROLES:
-        state = last_cap.get(r)
-        v = views[r]
-        if fleet[r].ready > 0 and _stable_ready(
-            r, fleet[r].ready, now_s, metrics.window_s, history
-        ):
-            # "loaded" is judged against the larger of belief and prior, so that an early
-            # low estimate cannot make every burst look like a capacity limit
-            before = max(cap.capacity(state, v.target, config.prior(r)) or 0.0,
-                         config.prior(r) or 0.0) or None
-            state = cap.observe(
-                state, metrics.at_s, v.x, v.latency, v.target, config.capacity_half_life_s,
-                before,
-            )
-        learned[r] = state
-        caps[r] = cap.capacity(state, v.target, config.prior(r))
+    learned = _learn(config, metrics, fleet, views, last_cap, history)
+    caps: dict[Role, float | None] = {
+        "prefill": cap.bracket_capacity(learned.prefill_bracket, config.prefill_capacity_prior),
+        "decode": cap.capacity(learned.decode, views["decode"].target, config.prior("decode")),
+    }
     recs: dict[Role, int] = {}
     reasons: list[str] = []
     for r in ROLES:
         slope = _trend(r, views[r].demand, now_s, config, history)
-        n, why = recommend(r, views[r], caps[r], fleet[r].current, fleet[r].ready, slope, config)
+        limit = _down_limit(r, learned, caps[r], views[r].target, config)
+        n, why = recommend(
+            r, views[r], caps[r], fleet[r].current, fleet[r].ready, slope, config, limit
+        )
+        if fleet[r].pending > 0 and n > fleet[r].current:
+            # the cluster cannot place the pods asked for already; more would wait too
+            n = fleet[r].current
+            why += f"; {fleet[r].pending} pending, not growing"
+        c = caps[r]
+        if r == "prefill" and c and n < fleet[r].current:
+            floor = math.ceil(learned.prefill_busiest / (c * config.utilization(r)) - 1e-9)
+            if floor > n:
+                n = min(fleet[r].current, floor)
+                why += f"; busiest recent minute {learned.prefill_busiest:.0f}/s needs {floor}"
         recs[r] = clamp(r, n, config)
         reasons.append(why)
     current = {r: fleet[r].current for r in ROLES}
@@ -506,7 +649,7 @@ def decide(
         recommended_decode=recs["decode"],
         reasons=tuple(reasons),
         conditions=tuple(conditions),
-        capacity=Capacity(prefill=learned["prefill"], decode=learned["decode"]),
+        capacity=learned,
         observed=Observed(
             prefill_demand=views["prefill"].demand,
             decode_demand=views["decode"].demand,

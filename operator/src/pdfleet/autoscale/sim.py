@@ -27,6 +27,7 @@ Model (step level, not token level, so an hour of 180k requests replays in secon
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
@@ -55,6 +56,8 @@ class SimConfig:
     kv_bandwidth_bytes_per_s: float = 50e9  # one IB NDR port per GPU
     interval_s: float = 15.0  # controller period
     metrics_window_s: float = 60.0  # like rate(...[1m]) in the PromQL
+    peak_rate_s: float = 15.0  # sub-window of the peak prompt rate (PromQL subquery)
+    peak_step_s: float = 5.0  # its evaluation step
     percentile: float = 95.0
     cluster_gpus: int = 12  # GPUs that exist; more workers stay Pending
     prefill_gpus: int = 1
@@ -164,6 +167,24 @@ class _Window:
 
     def total(self) -> float:
         return sum(v for _, v, _ in self.items)
+
+    def peak_rate(self, now: float, span: float, sub_s: float, step_s: float) -> float:
+        """Highest `sum(rate(x[sub_s]))` over [now - span, now] evaluated every `step_s`,
+        like `max_over_time(sum(rate(x[15s]))[1m:5s])`; the window mean if it is shorter."""
+        if span <= sub_s:
+            return self.total() / max(span, _EPS)
+        times = [t for t, _, _ in self.items]
+        acc = [0.0]
+        for _, v, _ in self.items:
+            acc.append(acc[-1] + v)
+        best = 0.0
+        end = now
+        while end - sub_s >= now - span - _EPS:
+            lo = bisect.bisect_left(times, end - sub_s)
+            hi = bisect.bisect_right(times, end)
+            best = max(best, (acc[hi] - acc[lo]) / sub_s)
+            end -= step_s
+        return best
 
 
 class FleetSim:
@@ -461,6 +482,9 @@ class FleetSim:
                 generation_tokens_rate=0.0,
                 num_requests_waiting=float(p_wait),
                 kv_cache_usage=p_kv,
+                prompt_tokens_rate_peak=self.m_prompt.peak_rate(
+                    now, span, self.cfg.peak_rate_s, self.cfg.peak_step_s
+                ),
             ),
             decode=RoleMetrics(
                 ttft_s=_quantile(self.m_ttft_d.values(), q),
@@ -496,6 +520,7 @@ class FleetSim:
                 "gpus": self._held(),
                 "req_rate": m.prefill.request_rate,
                 "prompt_tps": m.prefill.prompt_tokens_rate,
+                "prompt_tps_peak": m.prefill.prompt_tokens_rate_peak,
                 "gen_tps": m.decode.generation_tokens_rate,
                 "ttft_prefill": m.prefill.ttft_s,
                 "ttft_decode": m.decode.ttft_s,
