@@ -6,8 +6,11 @@ import gzip
 import json
 from pathlib import Path
 
+import pytest
+
 from pdfleet.autoscale import traces
 from pdfleet.autoscale.bench import count_flaps
+from pdfleet.autoscale.oracle import cheapest_plan
 from pdfleet.autoscale.policy import MetricsWindow, RoleReplicas
 from pdfleet.autoscale.sim import SimConfig, fixed, simulate
 from pdfleet_worker.perfmodel import preset
@@ -20,8 +23,10 @@ def _wl(n: int, gap: float, isl: int = 1000, osl: int = 50) -> traces.Workload:
 
 
 def test_mooncake_plain_and_gzip(tmp_path: Path) -> None:
-    rows = [{"timestamp": 2000, "input_length": 10, "output_length": 3, "hash_ids": [1]},
-            {"timestamp": 500, "input_length": 7, "output_length": 0, "hash_ids": [2]}]
+    rows = [
+        {"timestamp": 2000, "input_length": 10, "output_length": 3, "hash_ids": [1]},
+        {"timestamp": 500, "input_length": 7, "output_length": 0, "hash_ids": [2]},
+    ]
     text = "\n".join(json.dumps(r) for r in rows) + "\n"
     (tmp_path / "a.jsonl").write_text(text)
     (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(text.encode()))
@@ -34,7 +39,8 @@ def test_mooncake_plain_and_gzip(tmp_path: Path) -> None:
 def test_azure_csv(tmp_path: Path) -> None:
     (tmp_path / "x.csv").write_text(
         "TIMESTAMP,ContextTokens,GeneratedTokens\n"
-        "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n")
+        "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n"
+    )
     wl = traces.load(tmp_path / "x.csv", speedup=2.0)
     assert wl.input_tokens == (374, 396)
     assert abs(wl.arrival_s[1] - 4.314579 / 2) < 1e-6
@@ -76,3 +82,33 @@ def test_cluster_full_leaves_workers_pending() -> None:
 
     simulate(_wl(100, 0.5), small, ctl, (1, 1))
     assert seen[-1].pending == 2 and seen[-1].ready == 2
+
+
+def test_peak_rate_sees_a_burst_the_mean_hides() -> None:
+    from pdfleet.autoscale.sim import _Window
+
+    w = _Window(60.0)
+    for i in range(10):  # 10 x 1000 tokens within 5 s, nothing for the other 55 s
+        w.add(30.0 + 0.5 * i, 1000.0)
+    assert w.total() / 60.0 == 10_000.0 / 60.0
+    assert w.peak_rate(60.0, 60.0, 15.0, 5.0) == 10_000.0 / 15.0
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "need", "want"),
+    [
+        # greedy by gain per GPU takes B's step first, then A's two steps: cost 5, not 4
+        (
+            "exact, not greedy",
+            [[(1.0, 0.0), (2.0, 10.0), (3.0, 100.0)], [(1.0, 0.0), (2.0, 50.0)]],
+            100.0,
+            [2, 0],
+        ),
+        ("cheapest when the target is easy", [[(1.0, 90.0), (2.0, 100.0)]], 80.0, [0]),
+        ("most good requests when unreachable", [[(1.0, 50.0), (3.0, 60.0)]], 99.0, [1]),
+    ],
+)
+def test_cheapest_plan(
+    name: str, options: list[list[tuple[float, float]]], need: float, want: list[int]
+) -> None:
+    assert cheapest_plan(options, need) == want, name

@@ -11,7 +11,9 @@ dominated by one that was: fewer GPUs in both pools can only do worse.
 Clairvoyant bound: cut the trace into windows (5 min), simulate each window alone on each
 candidate split with zero start-up delay, then choose one split per window so that the whole
 trace reaches the attainment target at the least GPU time (a multiple-choice knapsack, solved
-greedily along each window's cost/attainment hull). No online policy can do better.
+exactly by dynamic programming over the total cost). No online policy that changes the split
+at most once per window can do better; one that changes it more often could, in principle,
+beat it inside a window (the bound is for 5-minute granularity).
 """
 
 from __future__ import annotations
@@ -88,6 +90,42 @@ def _hull(options: list[SplitResult]) -> list[SplitResult]:
     return front
 
 
+def _gpus(r: SplitResult, cfg: SimConfig) -> int:
+    return r.prefill * cfg.prefill_gpus + r.decode * cfg.decode_gpus
+
+
+def _good(r: SplitResult) -> float:
+    return r.attainment * r.requests
+
+
+def cheapest_plan(options: list[list[tuple[float, float]]], need: float) -> list[int]:
+    """One option per window, (cost, good requests) each, with total good >= `need` at the
+    least total cost: an exact dynamic program over the reachable total costs (a handful of
+    GPU counts per window, so few distinct sums). Where no plan reaches `need`, the plan
+    with the most good requests. A greedy walk along each window's front can overshoot the
+    target, and then the bound would not be a lower bound."""
+    # state: total cost -> (most good requests at that cost, choices)
+    states: dict[float, tuple[float, tuple[int, ...]]] = {0.0: (0.0, ())}
+    for opts in options:
+        nxt: dict[float, tuple[float, tuple[int, ...]]] = {}
+        for cost, (good, picks) in states.items():
+            for j, (c, g) in enumerate(opts):
+                key = round(cost + c, 6)
+                cand = (good + g, (*picks, j))
+                if key not in nxt or cand[0] > nxt[key][0]:
+                    nxt[key] = cand
+        # drop states dominated by a cheaper one with at least as many good requests
+        states, best = {}, -1.0
+        for key in sorted(nxt):
+            if nxt[key][0] > best:
+                states[key] = nxt[key]
+                best = nxt[key][0]
+    feasible = [k for k, (g, _) in states.items() if g >= need - 1e-9]
+    if feasible:
+        return list(states[min(feasible)][1])
+    return list(max(states.values())[1])
+
+
 def clairvoyant(
     wl: Workload,
     cfg: SimConfig,
@@ -106,29 +144,20 @@ def clairvoyant(
             windows.append((t, part, _hull(staircase(part, run, budget))))
         t += window_s
     total = sum(len(part) for _, part, _ in windows)
-    choice = [0] * len(windows)
+    choice = cheapest_plan(
+        [
+            [
+                (min(window_s, max(wl.duration_s - start, 0.0)) * _gpus(r, cfg), _good(r))
+                for r in front
+            ]
+            for start, _, front in windows
+        ],
+        target * total,
+    )
 
     def good() -> float:
-        return sum(
-            front[c].attainment * front[c].requests
-            for (_, _, front), c in zip(windows, choice, strict=True)
-        )
+        return sum(_good(front[c]) for (_, _, front), c in zip(windows, choice, strict=True))
 
-    while good() < target * total:
-        best, best_gain = -1, 0.0
-        for i, ((_, _, front), c) in enumerate(zip(windows, choice, strict=True)):
-            if c + 1 < len(front):
-                nxt, cur = front[c + 1], front[c]
-                gain = (
-                    (nxt.attainment - cur.attainment)
-                    * cur.requests
-                    / max(nxt.prefill + nxt.decode - cur.prefill - cur.decode, 1)
-                )
-                if gain > best_gain:
-                    best, best_gain = i, gain
-        if best < 0:
-            break
-        choice[best] += 1
     plan = tuple(
         (start, front[c].prefill, front[c].decode, front[c].attainment)
         for (start, _, front), c in zip(windows, choice, strict=True)
