@@ -17,8 +17,8 @@ bridge label (``pdfleet.dev/managed-by-bridge``, configurable, see
 :class:`ClusterConfig`) only get an IP from kwok; a process bridge owns the rest (see
 ``e2e/kwok/bridge-stages.yaml`` and docs/testinfra.md).
 
-Command line (run it inside ``e2e/netns.sh``; the namespace lives as long as the
-cluster's processes)::
+Command line (run it inside ``e2e/netns.sh``; the cluster lives as long as the
+command that opened the namespace, e.g. ``e2e/netns.sh bash``)::
 
     python -m e2e.cluster up          # start (or reuse) the cluster; prints the kubeconfig path
     python -m e2e.cluster kubeconfig  # print the kubeconfig path
@@ -425,7 +425,7 @@ class Cluster:
         return True
 
     def component_pids(self) -> dict[str, int]:
-        """PIDs of the running components (from kwokctl's pid files)."""
+        """PIDs of the running components, as seen inside the namespace (kwokctl pid files)."""
         pid_dir = self.config.workdir / "clusters" / self.config.name / "pids"
         pids: dict[str, int] = {}
         for f in sorted(pid_dir.glob("*.pid")):
