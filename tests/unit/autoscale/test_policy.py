@@ -109,13 +109,22 @@ def test_nan_quantile_without_traffic_is_not_missing() -> None:
     [
         # 90k prompt tok/s at 30k per replica x 0.9 -> 4 prefill; 5k gen tok/s -> 1 decode
         ("sizes from capacity", role(prompt=90_000), role(gen=5_000), (3, 1), (4, 1)),
-        # one decode replica just served 25k tok/s within target: capacity is at least that
+        # one decode replica just served 25k tok/s within target (prior 10k): no fitted
+        # curve yet, and the observed ITL outranks the prior, so it holds
         (
-            "capacity at least what a replica served",
+            "decode under target without a fit holds",
             role(prompt=20_000),
             role(gen=25_000),
             (1, 1),
-            (1, 2),
+            (1, 1),
+        ),
+        # the same load breaking the ITL target: sized on the prior, 25k / (10k x 0.95)
+        (
+            "decode over target grows",
+            role(prompt=20_000),
+            role(gen=25_000, itl=0.02),
+            (1, 1),
+            (1, 3),
         ),
         ("quiet: no change", role(prompt=25_000), role(gen=5_000), (1, 1), (1, 1)),
     ],
@@ -283,8 +292,9 @@ def peaky(prompt: float, peak: float, ttft: float = 0.2) -> RoleMetrics:
         ("no peak from the source: the mean", peaky(30_000, math.nan), 2),
         ("a peak below the mean is noise", peaky(30_000, 10_000), 2),
         # violating: the excess over the two ready replicas (80k - 60k) accrues for a
-        # start-up (120 s) and is worked off in 60 s: (80k + 40k) / 27k -> 5
-        ("backlog while violating", peaky(50_000, 80_000, ttft=3.0), 5),
+        # start-up (120 s) and is worked off in another 120 s: (80k + 20k) / 27k -> 4
+        ("backlog while violating", peaky(50_000, 80_000, ttft=3.0), 4),
+        ("same load, not violating", peaky(50_000, 80_000), 3),
     ],
 )
 def test_prefill_burst_and_backlog(name: str, prefill_metrics: RoleMetrics, want: int) -> None:

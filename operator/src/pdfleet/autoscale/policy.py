@@ -32,6 +32,7 @@ from typing import Literal
 from pdfleet.autoscale import capacity as cap
 
 Role = Literal["prefill", "decode"]
+_MAX_TREND = 0.25
 ROLES: tuple[Role, Role] = ("prefill", "decode")
 
 
@@ -67,7 +68,7 @@ class PolicyConfig:
     scale_down_latency_fraction: float = 0.8
     capacity_half_life_s: float = 900.0
     trend_window_s: float = 300.0
-    backlog_drain_s: float = 60.0  # queued prompts should be worked off within this
+    backlog_drain_s: float = 120.0  # queued prompts should be worked off within this
     # Bursts shorter than a start-up recur: prefill does not shrink below what the busiest
     # recent minute needs, remembered with this half-life.
     burst_memory_half_life_s: float = 600.0
@@ -311,7 +312,9 @@ def forecast(
     excess over the ready replicas adds during start-up, worked off within `backlog_drain_s`.
     """
     lookahead = config.startup_s + config.interval_s
-    load = view.peak + slope * lookahead
+    # a trend is extrapolated, so it may add at most _MAX_TREND of the load (a cold start's
+    # ramp would otherwise double the forecast)
+    load = view.peak + min(slope * lookahead, _MAX_TREND * view.peak)
     if role == "prefill" and view.mean_prompt > 0:
         # the excess grows the backlog until new replicas are ready; while the target is
         # broken the peak is taken as sustained (the mean lags a step by a whole window)
@@ -540,7 +543,7 @@ def _learn(
             before or None,
         )
         out = replace(out, prefill=state) if r == "prefill" else replace(out, decode=state)
-    demand = views["prefill"].demand
+    demand = views["prefill"].peak
     kept = last.prefill_busiest
     if last.busiest_at_s is not None and metrics.at_s > last.busiest_at_s:
         kept *= 0.5 ** ((metrics.at_s - last.busiest_at_s) / config.burst_memory_half_life_s)
@@ -614,6 +617,16 @@ def decide(
         n, why = recommend(
             r, views[r], caps[r], fleet[r].current, fleet[r].ready, slope, config, limit
         )
+        if (
+            r == "decode"
+            and n > fleet[r].current
+            and views[r].latency <= views[r].target
+            and cap.fitted(learned.decode, views[r].target) is None
+        ):
+            # ITL rises smoothly with the batch: under target with no fitted curve yet, the
+            # observed latency outranks a prior (or the load just seen) that says it is full
+            n = fleet[r].current
+            why += "; ITL under target, no fit yet: holding"
         if fleet[r].pending > 0 and n > fleet[r].current:
             # the cluster cannot place the pods asked for already; more would wait too
             n = fleet[r].current
