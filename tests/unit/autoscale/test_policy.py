@@ -327,7 +327,7 @@ def test_no_reversal_inside_stabilization(name: str, history: list[Decision], wa
 
 
 def test_busiest_recent_minute_keeps_prefill() -> None:
-    # a burst of 80k a minute ago, quiet now: 80k / (30k x 0.9) needs 3, not 1
+    # a burst of 80k (15 s peak) a minute ago, quiet now: 80k / (30k x 0.9) needs 3, not 1
     first = decide(CFG, NOW - 60, rr(3), rr(1), window(peaky(80_000, 80_000), at=NOW - 60))
     quiet = decide(CFG, NOW, rr(3), rr(1), window(peaky(5_000, 5_000)), (first,))
     assert quiet.recommended_prefill == 3, quiet.reasons

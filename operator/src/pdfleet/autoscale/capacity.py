@@ -1,16 +1,18 @@
 """Online capacity model: how much load one replica of a role sustains at its latency target.
 
 Where it fits: `pdfleet.autoscale.policy.decide` calls `observe` once per role and decision
-tick and sizes each pool with `capacity`. The state is a frozen value carried inside the
+tick and sizes decode with `capacity`; prefill, a batching engine whose latency is flat until
+it saturates, is sized with the bracket at the end of this module (`observe_bracket`,
+`bracket_capacity`). The state is a frozen value carried inside the
 previous `Decision`, so the policy stays a pure function and the operator can persist it in
 status like any other field.
 
-The model. For a pool of identical servers the latency quantile `y` grows with the load per
-replica `x` roughly like a single queue, y = s / (1 - x/mu) (exact for an M/M/1 sojourn time,
-and exact for a decode engine whose step time is linear in the batch: ITL = d0 + k*B with
-B = x*ITL gives ITL = d0 / (1 - k*x)). Inverse latency z = 1/y is therefore linear in x, and
-the capacity at a target T is where the fitted line crosses 1/T. The fit uses exponentially
-weighted moments so a changing request mix (longer prompts, shorter answers) is followed.
+The queue model (decode). For a pool of identical servers the latency quantile `y` grows
+with the load per replica `x` roughly like a single queue, y = s / (1 - x/mu) (exact for an
+M/M/1 sojourn time, and exact for a decode engine whose step time is linear in the batch:
+ITL = d0 + k*B with B = x*ITL gives ITL = d0 / (1 - k*x)). Inverse latency z = 1/y is
+therefore linear in x, and the capacity at a target T is where the fitted line crosses 1/T.
+The fit uses exponentially weighted moments so a changing request mix is followed.
 
 Feedback on violations: a window whose latency exceeded the target at load x caps the
 capacity at x*T/y. The cap relaxes with the same half-life, so one burst does not pin a pool

@@ -7,18 +7,22 @@ supplies `now_s`, the metrics window, the replica counts and the recent decision
 the returned `Decision` for the next call. `PolicyConfig` is the policy's own configuration;
 an adapter maps the InferenceService spec into it.
 
-The algorithm, per role (prefill is judged on TTFT, decode on ITL):
+The algorithm, per role (prefill is judged on TTFT, decode on ITL); docs/autoscaling.md
+has the details and the reasons:
 1. Hold everything when metrics are missing, stale or NaN (`MetricsAvailable=False`).
-2. Learn the capacity of one replica at its latency target from (load per *ready* replica,
-   latency quantile) pairs (`capacity.py`), capped by violations.
-3. Recommend ceil(forecast demand / (capacity x target utilization)), where the forecast adds
-   the recent upward trend over the start-up delay; hysteresis: a lower count must also hold
-   at the (lower) scale-down utilization.
-4. Feedback: while a role violates its target it never shrinks and gets at least one more
-   replica than it has ready (replicas still starting already count as that extra one).
-5. Stabilize like the HPA: scale up to the lowest recommendation of the short up-window,
-   down to the highest of the long down-window; bound each step.
-6. Clamp to min/max, then fit the GPU budget, giving GPUs to the most loaded role and moving
+2. Sizing load: prefill the short-interval peak prompt rate (bursts set TTFT), decode the
+   generated-token rate.
+3. Learn the load one *ready* replica sustains (`capacity.py`): prefill a saturation bracket
+   with an AIMD estimate (a batching engine is flat, then explodes), decode a queue fit.
+4. Recommend ceil(forecast / (capacity x target utilization)); the forecast adds a capped
+   trend over the start-up delay and, for prefill, the backlog to work off.
+5. Scale down only on evidence: decode where the fitted ITL of the smaller pool stays well
+   under target, prefill not below what the busiest recent burst needs.
+6. Feedback: a violating role never shrinks and gets at least one more replica than it has
+   ready (replicas still starting count as that one); Pending pods are never capacity.
+7. Stabilize like the HPA, and never reverse a role's direction inside the scale-down
+   stabilization window; bound each step.
+8. Clamp to min/max, then fit the GPU budget, giving GPUs to the most loaded role and moving
    GPUs from a role with slack to one that violates.
 """
 
@@ -70,7 +74,7 @@ class PolicyConfig:
     trend_window_s: float = 300.0
     backlog_drain_s: float = 120.0  # queued prompts should be worked off within this
     # Bursts shorter than a start-up recur: prefill does not shrink below what the busiest
-    # recent minute needs, remembered with this half-life.
+    # recent burst (15 s peak rate) needs, remembered with this half-life.
     burst_memory_half_life_s: float = 600.0
     # Optional priors (load per replica at the target): prompt tokens/s for prefill,
     # generated tokens/s for decode. Without them the policy starts in feedback-only mode.
@@ -162,7 +166,7 @@ class Capacity:
     prefill: cap.RoleCapacity = field(default_factory=cap.RoleCapacity)
     decode: cap.RoleCapacity = field(default_factory=cap.RoleCapacity)
     prefill_bracket: cap.Bracket = field(default_factory=cap.Bracket)
-    prefill_busiest: float = 0.0  # decayed maximum of the window-mean prompt rate
+    prefill_busiest: float = 0.0  # decayed maximum of the peak prompt rate
     busiest_at_s: float | None = None
 
     def get(self, role: Role) -> cap.RoleCapacity:
@@ -543,11 +547,11 @@ def _learn(
             before or None,
         )
         out = replace(out, prefill=state) if r == "prefill" else replace(out, decode=state)
-    demand = views["prefill"].peak
+    peak = views["prefill"].peak
     kept = last.prefill_busiest
     if last.busiest_at_s is not None and metrics.at_s > last.busiest_at_s:
         kept *= 0.5 ** ((metrics.at_s - last.busiest_at_s) / config.burst_memory_half_life_s)
-    out = replace(out, prefill_busiest=max(kept, demand), busiest_at_s=metrics.at_s)
+    out = replace(out, prefill_busiest=max(kept, peak), busiest_at_s=metrics.at_s)
     if stable["prefill"]:
         v = views["prefill"]
         bracket = cap.observe_bracket(
@@ -636,7 +640,7 @@ def decide(
             floor = math.ceil(learned.prefill_busiest / (c * config.utilization(r)) - 1e-9)
             if floor > n:
                 n = min(fleet[r].current, floor)
-                why += f"; busiest recent minute {learned.prefill_busiest:.0f}/s needs {floor}"
+                why += f"; busiest recent burst {learned.prefill_busiest:.0f}/s needs {floor}"
         recs[r] = clamp(r, n, config)
         reasons.append(why)
     current = {r: fleet[r].current for r in ROLES}
