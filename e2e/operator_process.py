@@ -67,10 +67,10 @@ class OperatorProcess:
         ]  # fmt: skip
 
     def start(self) -> OperatorProcess:
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ)
-        )
+        with self.log_path.open("ab") as log:  # the child keeps its own descriptor
+            self.process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ)
+            )
         return self
 
     def running(self) -> bool:
@@ -112,6 +112,9 @@ class OperatorProcess:
             if self.healthy():
                 return
             if not self.running():
-                raise RuntimeError(f"operator exited; see {self.log_path}")
+                tail = self.log_path.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"operator exited; log tail:\n{tail}")
             time.sleep(0.2)
-        raise TimeoutError(f"operator not healthy after {timeout}s; see {self.log_path}")
+        self.stop()
+        tail = self.log_path.read_text(errors="replace")[-3000:]
+        raise TimeoutError(f"operator not healthy after {timeout}s; log tail:\n{tail}")

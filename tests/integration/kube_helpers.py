@@ -64,11 +64,22 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
 
 
 def wait_ready(api: Any, namespace: str, name: str, timeout: float = 90.0) -> dict[str, Any]:
+    seen: list[dict[str, Any]] = []
+
     def ready() -> dict[str, Any] | None:
         obj = get_isvc(api, namespace, name)
+        seen[:] = [obj]
         return obj if is_ready(obj) else None
 
-    result: dict[str, Any] = wait_for(ready, timeout, f"{namespace}/{name} Ready")
+    try:
+        result: dict[str, Any] = wait_for(ready, timeout, f"{namespace}/{name} Ready")
+    except AssertionError as error:
+        status = (seen[0].get("status") if seen else None) or {}
+        conditions = [
+            (c["type"], c["status"], c["reason"], c["message"])
+            for c in status.get("conditions", [])
+        ]
+        raise AssertionError(f"{error}; conditions: {conditions}") from None
     return result
 
 

@@ -214,6 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # Per-event handler chatter and probe access logs drown what matters at INFO.
+    for noisy in ("kopf.objects", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     if args.command == "bench":
         return cmd_bench(args, rest)
     if rest:

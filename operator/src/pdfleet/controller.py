@@ -29,7 +29,7 @@ from pdfleet.drain.executor import execute as execute_drain
 from pdfleet.drain.io import RouterFleet, read_loads, router_replicas
 from pdfleet.drain.plan import Kind, needs_io, plan_drain, worker_url
 from pdfleet.kube.api import KubeWriter
-from pdfleet.reconcile.observed import Observed
+from pdfleet.reconcile.observed import ChildRef, Observed, child_ref, overlay
 from pdfleet.reconcile.plan import desired_replicas, plan
 from pdfleet.reconcile.status import (
     INSUFFICIENT_CAPACITY,
@@ -42,6 +42,10 @@ from pdfleet.render import RenderConfig
 from pdfleet.render.common import child_name
 
 log = logging.getLogger(__name__)
+
+# How long a child we wrote stands in for the watch index's copy (which lags by a moment);
+# long enough for any watch event, short enough that a child deleted meanwhile comes back.
+RECENT_WRITE_S = 10.0
 
 # While a pool drains, the next pass comes this soon: in-flight gauges change no Kubernetes
 # object, so no watch event would wake the controller when a worker goes idle.
@@ -85,9 +89,21 @@ class Controller:
         self.clock = clock
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self._written: dict[tuple[str, str], dict[tuple[str, str], tuple[ChildRef, float]]] = {}
         # Drains already reported (Event + metric), by service: the StatefulSet's lowered
         # count may reach the watch index a pass late, and the report must not repeat.
         self._reported: dict[tuple[str, str], set[tuple[str, str]]] = {}
+
+    def _remember(self, key: tuple[str, str], ref: ChildRef) -> None:
+        expires = time.monotonic() + RECENT_WRITE_S
+        self._written.setdefault(key, {})[(ref.kind, ref.name)] = (ref, expires)
+
+    def _recent_writes(self, key: tuple[str, str]) -> dict[tuple[str, str], ChildRef]:
+        """Children this operator wrote in the last RECENT_WRITE_S (see observed.overlay)."""
+        now = time.monotonic()
+        live = {k: v for k, v in self._written.get(key, {}).items() if v[1] > now}
+        self._written[key] = live
+        return {k: ref for k, (ref, _) in live.items()}
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
@@ -97,6 +113,7 @@ class Controller:
         with self._locks_guard:
             self._locks.pop((namespace, name), None)
             self._reported.pop((namespace, name), None)
+            self._written.pop((namespace, name), None)
 
     def reconcile(self, body: Mapping[str, Any], observed: Observed) -> PassResult:
         meta = body.get("metadata") or {}
@@ -136,11 +153,14 @@ class Controller:
             previous = self._autoscale(body, isvc, observed, previous, now)
             autoscale_after = parse_duration(isvc.spec.autoscaling.interval)
         applied, requeue = self._drain(body, isvc, observed, desired_replicas(isvc, previous))
+        observed = overlay(observed, self._recent_writes((namespace, name)))
         replicas, child_plan = plan(isvc, observed, previous, self.config, applied)
         for key in child_plan.delete:
             self.writer.delete(key[0], key[1], namespace)
         for manifest in child_plan.apply:
-            self.writer.apply(manifest, namespace)
+            self._remember(
+                (namespace, name), child_ref(self.writer.apply(manifest, namespace) or manifest)
+            )
         writes = len(child_plan.apply) + len(child_plan.delete)
         metrics.CHILD_WRITES.inc(writes)
         if writes:

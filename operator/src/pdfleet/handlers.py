@@ -107,7 +107,7 @@ def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: 
     def owner_key(namespace: str | None, meta_labels: Mapping[str, str]) -> Key:
         return str(namespace), str(meta_labels[labels.SERVICE])
 
-    @kopf.index(labels.GROUP, labels.VERSION, labels.PLURAL, registry=registry)
+    @kopf.index(labels.GROUP, labels.VERSION, labels.PLURAL, id="isvc_index", registry=registry)
     def isvc_index(
         namespace: str | None, name: str, body: kopf.Body, **_: Any
     ) -> dict[Key, dict[str, Any]]:
@@ -132,7 +132,9 @@ def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: 
             group, version, plural, labels=OWNED, id=f"{kind.lower()}_event", registry=registry
         )(_trigger_owner(queue, owner_key))
 
-    @kopf.index("", "v1", "pods", labels={labels.SERVICE: kopf.PRESENT}, registry=registry)
+    @kopf.index(
+        "", "v1", "pods", labels={labels.SERVICE: kopf.PRESENT}, id="pods_index", registry=registry
+    )
     def pods_index(
         namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
     ) -> dict[Key, PodInfo]:
@@ -145,6 +147,13 @@ def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: 
     @kopf.on.event(labels.GROUP, labels.VERSION, labels.PLURAL, registry=registry)
     def isvc_event(namespace: str | None, name: str, **_: Any) -> None:
         queue.put((str(namespace), name))
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # A private registry has no default login handlers: the pod's ServiceAccount in a
+        # cluster, else $KUBECONFIG (read now, after `--kubeconfig` has set it).
+        info: kopf.ConnectionInfo | None = kopf.login_with_service_account(**kwargs)
+        return info or kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.startup(registry=registry)
     async def start(settings: kopf.OperatorSettings, **kwargs: Any) -> None:

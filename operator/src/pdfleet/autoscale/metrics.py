@@ -35,8 +35,10 @@ def parse_scalar(result: list[dict[str, Any]]) -> float:
 
 def to_role_metrics(values: Mapping[str, float]) -> RoleMetrics | None:
     """RoleMetrics from query results; None when the role has no rate data at all."""
-    if all(math.isnan(values.get(k, math.nan))
-           for k in ("request_rate", "prompt_tokens_rate", "generation_tokens_rate")):
+    if all(
+        math.isnan(values.get(k, math.nan))
+        for k in ("request_rate", "prompt_tokens_rate", "generation_tokens_rate")
+    ):
         return None
     return RoleMetrics(
         ttft_s=values.get("ttft_s", math.nan),
@@ -52,25 +54,41 @@ def to_role_metrics(values: Mapping[str, float]) -> RoleMetrics | None:
 class PrometheusSource:
     """Reads one InferenceService's window from Prometheus (prometheus-api-client)."""
 
-    def __init__(self, url: str, client: _Client | None = None, disable_ssl: bool = False
-                 ) -> None:
+    def __init__(
+        self,
+        url: str,
+        client: _Client | None = None,
+        disable_ssl: bool = False,
+        timeout_s: int = 5,
+    ) -> None:
         if client is None:
             from prometheus_api_client import PrometheusConnect
+            from urllib3.util.retry import Retry
 
-            client = PrometheusConnect(url=url, disable_ssl=disable_ssl)
+            # The window is read inside a reconcile pass: fail fast, the policy holds and the
+            # next interval tries again (the client's default retries back off for minutes).
+            client = PrometheusConnect(
+                url=url, disable_ssl=disable_ssl, retry=Retry(total=0), timeout=timeout_s
+            )
         self._client = client
 
-    def _query(self, query: str) -> float:
+    def _query(self, query: str, failed: list[Exception]) -> float:
+        if failed:  # one failure ends this window's reads: the rest would fail the same way
+            return math.nan
         try:
             return parse_scalar(self._client.custom_query(query))
-        except Exception:  # network or server error: the policy holds on NaN
+        except Exception as error:  # network or server error: the policy holds on NaN
+            failed.append(error)
             return math.nan
 
-    def window(self, namespace: str, service: str, now_s: float, percentile: float,
-               window_s: float) -> MetricsWindow:
+    def window(
+        self, namespace: str, service: str, now_s: float, percentile: float, window_s: float
+    ) -> MetricsWindow:
         roles = {}
+        failed: list[Exception] = []
         for role in ("prefill", "decode"):
             queries = role_queries(Target(namespace, service, role), percentile, window_s)
-            roles[role] = to_role_metrics({k: self._query(q) for k, q in queries.items()})
-        return MetricsWindow(at_s=now_s, window_s=window_s, prefill=roles["prefill"],
-                             decode=roles["decode"])
+            roles[role] = to_role_metrics({k: self._query(q, failed) for k, q in queries.items()})
+        return MetricsWindow(
+            at_s=now_s, window_s=window_s, prefill=roles["prefill"], decode=roles["decode"]
+        )

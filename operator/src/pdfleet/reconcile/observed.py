@@ -133,3 +133,17 @@ def observed_from(objects: Iterable[Mapping[str, Any]]) -> Observed:
             ref = child_ref(obj)
             children[(ref.kind, ref.name)] = ref
     return Observed(children=children, pods=tuple(pods))
+
+
+def overlay(observed: Observed, written: Mapping[tuple[str, str], ChildRef]) -> Observed:
+    """The observed children with what this operator has just written laid over them.
+
+    The watch indexes see our own writes a moment later; without this, the next pass would
+    compare against the old object and write the same manifest again. A written ref only
+    stands in while the index still shows another applied hash (or no object at all)."""
+    children = dict(observed.children)
+    for key, ref in written.items():
+        seen = children.get(key)
+        if seen is None or seen.applied_hash != ref.applied_hash:
+            children[key] = ref
+    return Observed(children=children, pods=observed.pods)
