@@ -480,7 +480,7 @@ def start(config: ClusterConfig | None = None) -> Cluster:
 
 def _create(cluster: Cluster) -> None:
     config = cluster.config
-    # A half-dead cluster of the same name (e.g. after a reboot) would block create.
+    # Leftover state of a cluster whose namespace is gone would block create.
     stop(cluster)
     config.workdir.mkdir(parents=True, exist_ok=True)
     docs = cluster_documents(config, cluster.bin_dir)
@@ -539,10 +539,15 @@ def stop(cluster: Cluster | ClusterConfig | None = None) -> None:
     if cluster is None or isinstance(cluster, ClusterConfig):
         cluster = cluster_for(cluster or ClusterConfig())
     state = cluster.config.workdir / "clusters" / cluster.config.name
-    if state.exists():
+    # kwokctl stops components by the pids in its pid files. Those are only this
+    # namespace's processes when the API server answers here; after the namespace
+    # that ran the cluster is gone they may name unrelated processes, so then the
+    # state is only removed.
+    if state.exists() and cluster.is_running():
         cluster.kwokctl("delete", "cluster", f"--kubeconfig={cluster.kubeconfig}")
-        shutil.rmtree(state, ignore_errors=True)
+    shutil.rmtree(state, ignore_errors=True)
     cluster.kubeconfig.unlink(missing_ok=True)
+    cluster.config.config_file.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------------------
