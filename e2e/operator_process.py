@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +48,9 @@ class OperatorProcess:
     leader_election: bool = True
     identity: str = "op-0"
     lease_namespace: str = "kube-system"
+    # Unique per process unless given: operators started by different tests on one cluster
+    # must not wait on each other's lease. HA tests pass one name to several processes.
+    lease_name: str = field(default_factory=lambda: f"pdfleet-{uuid.uuid4().hex[:8]}")
     extra_args: tuple[str, ...] = ()
     metrics_port: int = field(default_factory=free_port)
     health_port: int = field(default_factory=free_port)
@@ -62,6 +66,7 @@ class OperatorProcess:
             "--resync-seconds", str(self.resync_seconds),
             "--identity", self.identity,
             "--lease-namespace", self.lease_namespace,
+            "--lease-name", self.lease_name,
             "--leader-election" if self.leader_election else "--no-leader-election",
             *self.extra_args,
         ]  # fmt: skip

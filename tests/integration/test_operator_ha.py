@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,14 +20,14 @@ from tests.spec_cases import merge_patch, sample
 @pytest.fixture
 def operators(cluster: Cluster, crds: list[str], tmp_path: Path) -> Iterator[list[OperatorProcess]]:
     """Two replicas competing for one Lease (unique per test), as a Deployment would run them."""
-    lease = f"pdfleet-{tmp_path.name[-12:].lower().replace('_', '-')}"
+    lease = f"pdfleet-{uuid.uuid4().hex[:8]}"
     procs = [
         OperatorProcess(
             kubeconfig=cluster.kubeconfig,
             log_path=tmp_path / f"op-{i}.log",
             identity=f"op-{i}",
             resync_seconds=2.0,
-            extra_args=("--lease-name", lease),
+            lease_name=lease,
         )
         for i in range(2)
     ]
@@ -59,7 +60,7 @@ def test_sigkill_mid_reconcile_converges_without_duplicates_or_orphans(
         log_path=first.log_path,
         identity=first.identity,
         resync_seconds=2.0,
-        extra_args=first.extra_args,
+        lease_name=first.lease_name,
     )
     operators.append(restarted)
     # The killed holder's lease must expire before the restarted replica takes over.
