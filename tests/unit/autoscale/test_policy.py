@@ -337,3 +337,41 @@ def test_pending_pods_block_growth_of_their_role() -> None:
     m = window(prefill=role(prompt=200_000, ttft=3.0))
     d = decide(CFG, NOW, rr(4, ready=2, pending=2), rr(1), m)
     assert d.prefill == 4, d.reasons
+
+
+def _seen(at: float, prompt: float) -> Decision:
+    d = decide(CFG, at, rr(2), rr(1), window(peaky(prompt, prompt), at=at))
+    return replace(d, at_s=at)
+
+
+@pytest.mark.parametrize(
+    ("name", "history", "want"),
+    [
+        # +200 tok/s per second would add 27k: capped at 25 % of the load
+        (
+            "steep: capped",
+            [_seen(NOW - 300 + 15 * i, 3_000 * i) for i in range(20)],
+            0.25 * 60_000,
+        ),
+        # +100 tok/s per second over a full window, extrapolated over start-up + interval
+        (
+            "rising over the whole window",
+            [_seen(NOW - 300 + 15 * i, 30_000 + 1_500 * i) for i in range(20)],
+            100.0 * (120 + 15),
+        ),
+        (
+            "too short a history: a cold start's ramp",
+            [_seen(NOW - 120 + 15 * i, 1_000 * i) for i in range(8)],
+            0.0,
+        ),
+        (
+            "falling: no trend",
+            [_seen(NOW - 300 + 15 * i, 90_000 - 1_500 * i) for i in range(20)],
+            0.0,
+        ),
+    ],
+)
+def test_trend(name: str, history: list[Decision], want: float) -> None:
+    d = decide(CFG, NOW, rr(2), rr(1), window(peaky(60_000, 60_000)), history)
+    forecast = float(d.reasons[0].split("forecast ")[1].split(")")[0])
+    assert forecast - 60_000 == pytest.approx(want, abs=1.0), (name, d.reasons[0])

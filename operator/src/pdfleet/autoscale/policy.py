@@ -297,8 +297,8 @@ def _trend(
             continue
         past = h.observed.prefill_demand if role == "prefill" else h.observed.decode_demand
         pts.append((-age, past))
-    if len(pts) < 3 or -min(t for t, _ in pts) < 0.5 * config.trend_window_s:
-        return 0.0  # too short a history to tell a trend from a start-up ramp
+    if len(pts) < 3 or -min(t for t, _ in pts) < config.trend_window_s - config.interval_s:
+        return 0.0  # a shorter history cannot tell a trend from a cold start's ramp
     mt = sum(t for t, _ in pts) / len(pts)
     my = sum(y for _, y in pts) / len(pts)
     var = sum((t - mt) ** 2 for t, _ in pts)
