@@ -18,7 +18,7 @@ Two ways to find targets:
 Configuration generation is pure (:func:`prometheus_config` and the job builders); the
 process is :class:`Prometheus`. Typical use in the e2e suite::
 
-    with start_kubernetes_sd(cluster.kubeconfig, workdir, host="127.0.0.1") as prom:
+    with start_for_cluster(cluster, workdir) as prom:  # or start_kubernetes_sd(kubeconfig, ...)
         prom.wait_for_targets(2, timeout_s=60)
         PrometheusSource(prom.url).window(...)
 
@@ -46,7 +46,7 @@ from typing import IO, Any
 import httpx
 import yaml
 
-from e2e.cluster import REPO_ROOT, toolchain_bin_dir
+from e2e.cluster import REPO_ROOT, Cluster, toolchain_bin_dir
 
 Manifest = dict[str, Any]
 
@@ -416,6 +416,17 @@ def start_kubernetes_sd(
         for j in shipped_kubernetes_sd_jobs()
     ]
     return start(PrometheusSettings(workdir, jobs, host, port, scrape_interval_s))
+
+
+def start_for_cluster(
+    cluster: Cluster,
+    workdir: Path,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    namespaces: Sequence[str] = (),
+) -> Prometheus:
+    """:func:`start_kubernetes_sd` against a running local cluster (``e2e.cluster``)."""
+    return start_kubernetes_sd(cluster.kubeconfig, workdir, host, port, namespaces)
 
 
 @contextlib.contextmanager
