@@ -3,7 +3,14 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+PYTEST := $(VENV)/bin/pytest
 STAMP := $(VENV)/.installed
+# Everything that talks to a cluster, a router or Prometheus runs inside one private network
+# namespace: pod IPs are real there and nothing can leave the machine (docs/testinfra.md).
+NETNS := e2e/netns.sh
+INTEGRATION_TESTS := tests/integration tests/router tests/prometheus
+E2E_TESTS := tests/e2e_bridge tests/e2e_drain
+DEMO_ARGS ?=
 
 .DEFAULT_GOAL := help
 
@@ -18,29 +25,33 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Create .venv with pdfleet and its development dependencies.
 
-manifests: $(STAMP) ## Generate crds/ and the chart's CRDs from the API models.
+toolchain: ## Build the pinned Kubernetes/etcd/kwok/helm/prometheus binaries (cached outside the checkout).
+	e2e/toolchain.sh
+
+manifests: $(STAMP) ## Generate crds/, the chart's CRDs and docs/api.md from the API models.
 	$(PY) -m pdfleet.api.crd crds
 	$(PY) -m pdfleet.api.crd charts/pdfleet/crds
 	$(PY) -m pdfleet.api.docs docs/api.md
 
-lint: $(STAMP) ## Ruff and mypy --strict.
+lint: $(STAMP) ## Ruff (lint and format) and mypy --strict.
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test-unit: $(STAMP) ## Unit tests (pure code, no cluster).
-	$(VENV)/bin/pytest tests/unit
+test-unit: $(STAMP) toolchain ## Unit tests: pure code, generated-file drift, chart rendering.
+	$(PYTEST) tests/unit
 
 verify: lint test-unit ## Lint, types, generated-file drift and unit tests.
 
-toolchain: ## Build the pinned Kubernetes/etcd/kwok/helm/prometheus binaries (cached outside the checkout).
-	e2e/toolchain.sh
+test-integration: $(STAMP) toolchain ## Real kube-apiserver, vllm-router and Prometheus.
+	$(NETNS) $(PYTEST) $(INTEGRATION_TESTS)
 
-# Everything that talks to a cluster, a router or Prometheus runs inside one private network
-# namespace (e2e/netns.sh): pod IPs are real there and nothing can leave the machine.
-test-integration: $(STAMP) toolchain ## Integration tests: real kube-apiserver, router, Prometheus.
-	e2e/netns.sh $(VENV)/bin/pytest tests/integration tests/router
+test-e2e: $(STAMP) toolchain ## The whole fleet: operator, process bridge, router, simulators.
+	$(NETNS) $(PYTEST) $(E2E_TESTS)
 
-test: verify test-integration ## Everything CI runs: lint, types, unit and integration tests.
+test: verify test-integration test-e2e ## Everything CI runs.
 
-.PHONY: help install manifests lint test-unit verify toolchain test-integration test
+demo: $(STAMP) toolchain ## The demo fleet rebalancing itself under a load shift (DEMO_ARGS=--keep).
+	$(NETNS) $(PY) -m e2e.demo $(DEMO_ARGS)
+
+.PHONY: help install toolchain manifests lint test-unit verify test-integration test-e2e test demo
