@@ -117,6 +117,9 @@ class BridgeSettings:
     rules: tuple[RunnerRule, ...] = DEFAULT_RULES
     ip_wait_s: float = 3.0  # wait this long for kwok's pod IP before allocating one
     probe_period_max_s: float | None = None  # cap on probe periods (faster tests); None: spec
+    # Floor on probe timeouts: here every pod shares the machine's few cores, so an exec probe
+    # (a process start) can take longer than on a node of its own; None: spec.
+    probe_timeout_min_s: float | None = None
     restart_backoff_s: float = 1.0  # first restart delay; doubles up to restart_backoff_max_s
     restart_backoff_max_s: float = 30.0
     tick_s: float = 0.1  # how often a pod's thread looks at its process and probes
@@ -437,15 +440,18 @@ def parse_probe(
     spec: Mapping[str, Any] | None,
     container: Mapping[str, Any],
     period_max_s: float | None = None,
+    timeout_min_s: float | None = None,
 ) -> Probe | None:
-    """The probe in ``spec`` with Kubernetes defaults; periods capped at ``period_max_s``."""
+    """The probe in ``spec`` with Kubernetes defaults; periods capped at ``period_max_s``,
+    timeouts raised to ``timeout_min_s``."""
     if not spec:
         return None
     period = float(spec.get("periodSeconds", 10))
+    timeout = float(spec.get("timeoutSeconds", 1))
     common: dict[str, Any] = {
         "initial_delay_s": float(spec.get("initialDelaySeconds", 0)),
         "period_s": min(period, period_max_s) if period_max_s else period,
-        "timeout_s": float(spec.get("timeoutSeconds", 1)),
+        "timeout_s": max(timeout, timeout_min_s) if timeout_min_s else timeout,
         "success_threshold": int(spec.get("successThreshold", 1)),
         "failure_threshold": int(spec.get("failureThreshold", 3)),
     }
@@ -891,15 +897,15 @@ class PodWorker(threading.Thread):
             if runner is None:
                 raise RuntimeError(f"no runner for container {spec['name']} ({spec.get('image')})")
             env = resolve_env(spec, pod, self.pod_ip, self.host_ip, self.bridge.lookup(pod))
-            cap = self.settings.probe_period_max_s
+            cap, floor = self.settings.probe_period_max_s, self.settings.probe_timeout_min_s
             run = ContainerRun(
                 spec=spec,
                 command=RUNNERS[runner](spec, env, ctx),
                 log_path=self.pod_dir / f"{spec['name']}.log",
                 events_path=self.pod_dir / f"{spec['name']}.events.log",
-                startup=_tracker(parse_probe(spec.get("startupProbe"), spec, cap)),
-                readiness=_tracker(parse_probe(spec.get("readinessProbe"), spec, cap)),
-                liveness=_tracker(parse_probe(spec.get("livenessProbe"), spec, cap)),
+                startup=_tracker(parse_probe(spec.get("startupProbe"), spec, cap, floor)),
+                readiness=_tracker(parse_probe(spec.get("readinessProbe"), spec, cap, floor)),
+                liveness=_tracker(parse_probe(spec.get("livenessProbe"), spec, cap, floor)),
                 view=ContainerView(name=str(spec["name"]), image=str(spec.get("image", ""))),
             )
             self.containers.append(run)
