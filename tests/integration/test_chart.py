@@ -159,7 +159,8 @@ def run_operator(
         identity="chart-op-0",
         lease_namespace=release.namespace,
         resync_seconds=5.0,
-        extra_args=("--lease-name", RELEASE, *scope),
+        lease_name=RELEASE,  # the chart's Role grants get/update on this Lease only
+        extra_args=scope,
     ).start()
 
 

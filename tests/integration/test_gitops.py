@@ -35,7 +35,7 @@ def operator(cluster: Cluster, crds: list[str], tmp_path: Path) -> Iterator[Oper
         log_path=tmp_path / "operator.log",
         resync_seconds=2.0,
         identity="gitops-op",
-        extra_args=("--lease-name", f"pdfleet-gitops-{uuid.uuid4().hex[:8]}"),
+        lease_name=f"pdfleet-gitops-{uuid.uuid4().hex[:8]}",
     )
     proc.start().wait_healthy()
     yield proc
