@@ -81,7 +81,9 @@ def test_one_active_replica_and_failover(
     standby = next(p for p in operators if p is not leader)
     time.sleep(3)
     assert _leader(operators) is leader and standby.running()
-    assert standby.metrics() == {}, "a standby serves no metrics and reconciles nothing"
+    assert standby.metrics().get("pdfleet_leader") == 0, "a standby says it is not leading"
+    assert standby.healthy(), "a standby is alive (liveness must not restart it)"
+    assert standby.metrics().get("pdfleet_child_writes_total") == 0, "and writes nothing"
 
     leader.kill()
     started = time.monotonic()

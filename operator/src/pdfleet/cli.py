@@ -9,6 +9,7 @@ pdfleet bench autoscale ...
 from __future__ import annotations
 
 import argparse
+import http.server
 import logging
 import os
 import socket
@@ -108,15 +109,27 @@ def cmd_operator_run(args: argparse.Namespace) -> int:
         settings.execution.max_workers = args.workers
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 60
+        # The operator's kinds are known: no cluster-wide API discovery, which a namespaced
+        # install (no cluster rights beyond the CRD) may not do.
+        settings.scanning.disabled = True
 
     stop = threading.Event()
     lost = threading.Event()
     elector = None
+    if args.metrics_port:
+        prometheus_client.start_http_server(args.metrics_port, addr=args.bind)
     if args.leader_election:
         identity = args.identity or f"{socket.gethostname()}-{os.getpid()}"
         elector = LeaderElector(api, args.lease_namespace, args.lease_name, identity)
-        if not elector.wait_for_leadership(stop):
-            return 0
+        # A standby is healthy while it waits; kopf's own endpoint takes over once leading.
+        standby = _standby_health(args.bind, args.health_port) if args.health_port else None
+        try:
+            if not elector.wait_for_leadership(stop):
+                return 0
+        finally:
+            if standby is not None:
+                standby.shutdown()
+                standby.server_close()
 
         def on_lost() -> None:
             lost.set()
@@ -126,8 +139,6 @@ def cmd_operator_run(args: argparse.Namespace) -> int:
             target=elector.keep_renewing, args=(stop, on_lost), name="lease", daemon=True
         ).start()
     metrics.LEADER.set(1)
-    if args.metrics_port:
-        prometheus_client.start_http_server(args.metrics_port, addr=args.bind)
     try:
         kopf.run(
             registry=registry,
@@ -145,6 +156,24 @@ def cmd_operator_run(args: argparse.Namespace) -> int:
         if elector is not None and not lost.is_set():
             elector.release()
     return 1 if lost.is_set() else 0
+
+
+def _standby_health(host: str, port: int) -> http.server.HTTPServer:
+    """/healthz -> 200 while this replica waits for the lease (liveness must not kill it)."""
+
+    class Healthz(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/healthz" else 404)
+            self.send_header("Content-Type", "text/plain")
+            self.end_headers()
+            self.wfile.write(b"standby\n")
+
+        def log_message(self, *args: object) -> None:  # probes every few seconds: stay quiet
+            pass
+
+    server = http.server.HTTPServer((host, port), Healthz)
+    threading.Thread(target=server.serve_forever, name="standby-health", daemon=True).start()
+    return server
 
 
 def _prometheus_sources() -> Callable[[str], MetricsSource]:

@@ -90,6 +90,7 @@ class Controller:
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._written: dict[tuple[str, str], dict[tuple[str, str], tuple[ChildRef, float]]] = {}
+        self._status_written: dict[tuple[str, str], tuple[dict[str, Any], float]] = {}
         # Drains already reported (Event + metric), by service: the StatefulSet's lowered
         # count may reach the watch index a pass late, and the report must not repeat.
         self._reported: dict[tuple[str, str], set[tuple[str, str]]] = {}
@@ -105,15 +106,26 @@ class Controller:
         self._written[key] = live
         return {k: ref for k, (ref, _) in live.items()}
 
+    def _recent_status(self, key: tuple[str, str]) -> dict[str, Any] | None:
+        written = self._status_written.get(key)
+        if written is None or written[1] < time.monotonic():
+            self._status_written.pop(key, None)
+            return None
+        return written[0]
+
     def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
             return self._locks.setdefault((namespace, name), threading.Lock())
 
     def forget(self, namespace: str, name: str) -> None:
+        metrics.forget_service(namespace, name)
+        if self.autoscaler is not None:
+            self.autoscaler.forget(namespace, name)
         with self._locks_guard:
             self._locks.pop((namespace, name), None)
             self._reported.pop((namespace, name), None)
             self._written.pop((namespace, name), None)
+            self._status_written.pop((namespace, name), None)
 
     def reconcile(self, body: Mapping[str, Any], observed: Observed) -> PassResult:
         meta = body.get("metadata") or {}
@@ -134,7 +146,9 @@ class Controller:
     def _reconcile(self, body: Mapping[str, Any], observed: Observed) -> PassResult:
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        previous = body.get("status")
+        # The watch index shows our last status write a moment late; a pass that started from
+        # the older status would undo the autoscaler's latest decision.
+        previous = self._recent_status((namespace, name)) or body.get("status")
         now = self.clock()
         try:
             isvc = InferenceService.model_validate(
@@ -180,6 +194,7 @@ class Controller:
                 c["message"] for c in new["conditions"] if c["type"] == INSUFFICIENT_CAPACITY
             )
             self.writer.event(body, "InsufficientCapacity", message, "Warning")
+        metrics.export_status(namespace, name, new)
         result = self._write_status(body, original, new)
         requeue = min((t for t in (requeue, autoscale_after) if t is not None), default=None)
         return PassResult(writes, len(child_plan.delete), result.status_written, requeue)
@@ -297,6 +312,10 @@ class Controller:
             return PassResult(0, 0, False)
         meta = body["metadata"]
         self.writer.patch_status(meta["namespace"], meta["name"], _status_patch(previous, new))
+        self._status_written[(meta["namespace"], meta["name"])] = (
+            dict(new),
+            time.monotonic() + RECENT_WRITE_S,
+        )
         metrics.STATUS_WRITES.inc()
         if event_reason and _condition_status(previous, "SpecValid") != "False":
             self.writer.event(body, event_reason, event_message, "Warning")

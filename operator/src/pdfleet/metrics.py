@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
 RECONCILE_DURATION = Histogram(
@@ -68,3 +70,23 @@ SERVICE_CONDITION = Gauge(
     "1 when the InferenceService's condition (Ready, Reconciling, Stalled, ...) is True.",
     [*SERVICE_LABELS, "condition"],
 )
+
+
+def export_status(namespace: str, name: str, status: dict[str, Any]) -> None:
+    """Mirror a service's status into the per-service gauges (pool sizes, conditions)."""
+    for role in ("prefill", "decode"):
+        for state, value in (status.get(role) or {}).items():
+            if isinstance(value, int):
+                POOL_REPLICAS.labels(namespace, name, role, state).set(value)
+    for condition in status.get("conditions") or ():
+        SERVICE_CONDITION.labels(namespace, name, condition["type"]).set(
+            1 if condition.get("status") == "True" else 0
+        )
+
+
+def forget_service(namespace: str, name: str) -> None:
+    """Drop a deleted service's series so dashboards do not show it forever."""
+    for gauge in (POOL_REPLICAS, SERVICE_CONDITION, SLO_TARGET, SLO_OBSERVED, SLO_ATTAINMENT):
+        for labels in list(gauge._metrics):  # prometheus_client keeps children by label tuple
+            if labels[:2] == (namespace, name):
+                gauge.remove(*labels)

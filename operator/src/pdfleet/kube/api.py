@@ -134,6 +134,7 @@ class KubeWriter:
             "PATCH",
             f"{kind.collection(namespace)}/{name}/status",
             body={"status": dict(status)},
+            query=[("fieldManager", self.field_manager)],
             content_type="application/merge-patch+json",
         )
 
@@ -145,6 +146,7 @@ class KubeWriter:
             "PATCH",
             f"{kind.collection(namespace)}/{name}",
             body=dict(patch),
+            query=[("fieldManager", self.field_manager)],
             content_type="application/merge-patch+json",
         )
 
