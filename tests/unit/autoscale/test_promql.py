@@ -17,18 +17,33 @@ SEL = 'namespace="serving",pdfleet_service="llama-8b",pdfleet_role="prefill"'
 @pytest.mark.parametrize(
     ("name", "got", "want"),
     [
-        ("ttft quantile", promql.quantile(T, promql.TTFT, 95, 60),
-         "histogram_quantile(0.95, sum by (le) "
-         f"(rate(vllm:time_to_first_token_seconds_bucket{{{SEL}}}[60s])))"),
-        ("itl p90", promql.quantile(T, promql.ITL, 90, 120.4),
-         "histogram_quantile(0.9, sum by (le) "
-         f"(rate(vllm:inter_token_latency_seconds_bucket{{{SEL}}}[120s])))"),
-        ("rate", promql.rate(T, promql.PROMPT_TOKENS, 60),
-         f"sum(rate(vllm:prompt_tokens_total{{{SEL}}}[60s]))"),
-        ("queue", promql.gauge_sum(T, promql.WAITING, 30),
-         f"sum(avg_over_time(vllm:num_requests_waiting{{{SEL}}}[30s]))"),
-        ("kv", promql.gauge_mean(T, promql.KV_USAGE, 30),
-         f"avg(avg_over_time(vllm:kv_cache_usage_perc{{{SEL}}}[30s]))"),
+        (
+            "ttft quantile",
+            promql.quantile(T, promql.TTFT, 95, 60),
+            "histogram_quantile(0.95, sum by (le) "
+            f"(rate(vllm:time_to_first_token_seconds_bucket{{{SEL}}}[60s])))",
+        ),
+        (
+            "itl p90",
+            promql.quantile(T, promql.ITL, 90, 120.4),
+            "histogram_quantile(0.9, sum by (le) "
+            f"(rate(vllm:inter_token_latency_seconds_bucket{{{SEL}}}[120s])))",
+        ),
+        (
+            "rate",
+            promql.rate(T, promql.PROMPT_TOKENS, 60),
+            f"sum(rate(vllm:prompt_tokens_total{{{SEL}}}[60s]))",
+        ),
+        (
+            "queue",
+            promql.gauge_sum(T, promql.WAITING, 30),
+            f"sum(avg_over_time(vllm:num_requests_waiting{{{SEL}}}[30s]))",
+        ),
+        (
+            "kv",
+            promql.gauge_mean(T, promql.KV_USAGE, 30),
+            f"avg(avg_over_time(vllm:kv_cache_usage_perc{{{SEL}}}[30s]))",
+        ),
     ],
 )
 def test_queries(name: str, got: str, want: str) -> None:
@@ -43,8 +58,27 @@ def test_label_values_are_escaped() -> None:
 
 def test_role_queries_cover_role_metrics_fields() -> None:
     assert set(promql.role_queries(T, 95, 60)) == {
-        "ttft_s", "itl_s", "request_rate", "prompt_tokens_rate", "generation_tokens_rate",
-        "num_requests_waiting", "kv_cache_usage"}
+        "ttft_s",
+        "itl_s",
+        "request_rate",
+        "prompt_tokens_rate",
+        "generation_tokens_rate",
+        "num_requests_waiting",
+        "kv_cache_usage",
+        "prompt_tokens_rate_peak",
+    }
+
+
+def test_itl_is_the_exact_window_mean() -> None:
+    q = promql.role_queries(T, 95, 60)["itl_s"]
+    assert q.startswith("sum(rate(vllm:inter_token_latency_seconds_sum{")
+    assert "/ sum(rate(vllm:inter_token_latency_seconds_count{" in q
+
+
+def test_peak_prompt_rate_is_a_subquery_over_the_window() -> None:
+    q = promql.role_queries(T, 95, 60)["prompt_tokens_rate_peak"]
+    assert q.startswith("max_over_time(sum(rate(vllm:prompt_tokens_total{")
+    assert q.endswith("[15s]))[60s:5s])")
 
 
 @pytest.mark.parametrize(
@@ -82,7 +116,7 @@ def test_source_builds_window() -> None:
     fake = _Fake()
     w = PrometheusSource("http://prom", client=fake).window("serving", "llama-8b", 10.0, 95, 60)
     assert w.prefill is not None and w.prefill.prompt_tokens_rate == 2.0
-    assert len(fake.queries) == 14
+    assert len(fake.queries) == 16
 
 
 def test_source_down_means_missing() -> None:

@@ -48,6 +48,7 @@ def to_role_metrics(values: Mapping[str, float]) -> RoleMetrics | None:
         generation_tokens_rate=values.get("generation_tokens_rate", math.nan),
         num_requests_waiting=values.get("num_requests_waiting", math.nan),
         kv_cache_usage=values.get("kv_cache_usage", math.nan),
+        prompt_tokens_rate_peak=values.get("prompt_tokens_rate_peak", math.nan),
     )
 
 

@@ -42,16 +42,17 @@ class Target:
     role: str
 
     def selector(self, metric: str) -> str:
-        return (f"{metric}{{{NAMESPACE_LABEL}={_quote(self.namespace)},"
-                f"{SERVICE_LABEL}={_quote(self.service)},{ROLE_LABEL}={_quote(self.role)}}}")
+        return (
+            f"{metric}{{{NAMESPACE_LABEL}={_quote(self.namespace)},"
+            f"{SERVICE_LABEL}={_quote(self.service)},{ROLE_LABEL}={_quote(self.role)}}}"
+        )
 
 
 def quantile(target: Target, histogram: str, percentile: float, window_s: float) -> str:
     """The percentile of a histogram over the role's pods, from bucket rates in the window."""
     q = percentile / 100.0
     buckets = target.selector(f"{histogram}_bucket")
-    return (f"histogram_quantile({q:g}, sum by (le) "
-            f"(rate({buckets}[{duration(window_s)}])))")
+    return f"histogram_quantile({q:g}, sum by (le) (rate({buckets}[{duration(window_s)}])))"
 
 
 def rate(target: Target, counter: str, window_s: float) -> str:
@@ -69,11 +70,33 @@ def gauge_mean(target: Target, gauge: str, window_s: float) -> str:
     return f"avg(avg_over_time({target.selector(gauge)}[{duration(window_s)}]))"
 
 
+def mean(target: Target, histogram: str, window_s: float) -> str:
+    """The exact mean of a histogram's observations in the window (sum over count)."""
+    w = duration(window_s)
+    return (
+        f"sum(rate({target.selector(histogram + '_sum')}[{w}]))"
+        f" / sum(rate({target.selector(histogram + '_count')}[{w}]))"
+    )
+
+
+def peak_rate(target: Target, counter: str, window_s: float, short_s: float = 15.0) -> str:
+    """The highest `short_s` rate within the window, sampled every 5 s (a subquery): the
+    bursts a batching prefill engine must absorb, which the window mean hides."""
+    inner = f"sum(rate({target.selector(counter)}[{duration(short_s)}]))"
+    return f"max_over_time({inner}[{duration(window_s)}:5s])"
+
+
 def role_queries(target: Target, percentile: float, window_s: float) -> dict[str, str]:
-    """Every query one role needs, keyed by the `policy.RoleMetrics` field it fills."""
+    """Every query one role needs, keyed by the `policy.RoleMetrics` field it fills.
+
+    ITL is the window's exact mean, not a histogram quantile: vLLM's ITL buckets are 10, 25,
+    50 ms, so a quantile of typical decode latencies is an interpolation inside one bucket
+    (any ITL between 10 and 25 ms reads as the same p90). All tokens of a decode step share
+    the step time, so the spread is small and the mean tracks the percentile closely."""
     return {
         "ttft_s": quantile(target, TTFT, percentile, window_s),
-        "itl_s": quantile(target, ITL, percentile, window_s),
+        "itl_s": mean(target, ITL, window_s),
+        "prompt_tokens_rate_peak": peak_rate(target, PROMPT_TOKENS, window_s),
         "request_rate": rate(target, REQUESTS, window_s),
         "prompt_tokens_rate": rate(target, PROMPT_TOKENS, window_s),
         "generation_tokens_rate": rate(target, GENERATION_TOKENS, window_s),
