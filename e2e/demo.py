@@ -360,6 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = summary_text(records, samples, time.monotonic() - wall, slo)
         (args.out / "summary.txt").write_text(text + "\n")
         (args.out / "samples.json").write_text(json.dumps([asdict(s) for s in samples], indent=1))
+        (args.out / "requests.jsonl").write_text(
+            "".join(json.dumps(asdict(r)) + "\n" for r in records)
+        )
         print("\n" + text)
         print(f"\nwrote {args.out / 'demo.png'} and {args.out / 'summary.txt'}")
         if args.keep:

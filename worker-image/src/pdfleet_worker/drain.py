@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import re
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import httpx
 
 DEFAULT_DRAIN_FILE = "/tmp/pdfleet-draining"
 _GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
@@ -63,6 +63,8 @@ def wait_idle(
     start = clock()
     zeros = 0
     last: float | None = None
+    import httpx  # only preStop polls; readiness must start fast (see check_ready)
+
     with httpx.Client(timeout=min(5.0, max(0.5, interval_s))) as client:
         while True:
             try:
@@ -82,10 +84,15 @@ def check_ready(base_url: str, drain_file: str, timeout_s: float = 2.0) -> tuple
     """Readiness: not draining, and vLLM answers /health (it has no /ready of its own)."""
     if is_draining(drain_file):
         return False, "draining"
+    # The readiness probe runs every few seconds as a new process: the standard library's
+    # client starts in a fraction of httpx's import time, which matters on a busy node.
     try:
-        resp = httpx.get(f"{base_url}/health", timeout=timeout_s)
-    except httpx.HTTPError as err:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=timeout_s) as resp:
+            status = resp.status
+    except urllib.error.HTTPError as err:
+        status = err.code
+    except (OSError, ValueError) as err:
         return False, f"engine unreachable: {err!r}"
-    if resp.status_code != 200:
-        return False, f"/health answered {resp.status_code}"
+    if status != 200:
+        return False, f"/health answered {status}"
     return True, "ok"
