@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -27,9 +27,9 @@ from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.autoscale.actuator import Autoscaler
 from pdfleet.drain.executor import execute as execute_drain
 from pdfleet.drain.io import RouterFleet, read_loads, router_replicas
-from pdfleet.drain.plan import Kind, needs_io, plan_drain, worker_url
+from pdfleet.drain.plan import Action, Kind, needs_io, plan_drain, worker_url
 from pdfleet.kube.api import KubeWriter
-from pdfleet.reconcile.observed import ChildRef, Observed, child_ref, overlay
+from pdfleet.reconcile.observed import ChildRef, Observed, child_ref, overlay, with_marks
 from pdfleet.reconcile.plan import desired_replicas, plan
 from pdfleet.reconcile.status import (
     INSUFFICIENT_CAPACITY,
@@ -91,6 +91,7 @@ class Controller:
         self._locks_guard = threading.Lock()
         self._written: dict[tuple[str, str], dict[tuple[str, str], tuple[ChildRef, float]]] = {}
         self._status_written: dict[tuple[str, str], tuple[dict[str, Any], float]] = {}
+        self._marks: dict[tuple[str, str], dict[str, tuple[str | None, float]]] = {}
         # Drains already reported (Event + metric), by service: the StatefulSet's lowered
         # count may reach the watch index a pass late, and the report must not repeat.
         self._reported: dict[tuple[str, str], set[tuple[str, str]]] = {}
@@ -105,6 +106,23 @@ class Controller:
         live = {k: v for k, v in self._written.get(key, {}).items() if v[1] > now}
         self._written[key] = live
         return {k: ref for k, (ref, _) in live.items()}
+
+    def _remember_marks(self, key: tuple[str, str], actions: Sequence[Action]) -> None:
+        """Drain marks this operator just wrote on pods (the pod index shows them late; a
+        pass that missed its own mark would mark again and restart the drain clock)."""
+        expires = time.monotonic() + RECENT_WRITE_S
+        marks = self._marks.setdefault(key, {})
+        for action in actions:
+            if action.kind is Kind.MARK:
+                marks[action.pod] = (action.since, expires)
+            elif action.kind in (Kind.UNMARK, Kind.RECREATE):
+                marks[action.pod] = (None, expires)
+
+    def _recent_marks(self, key: tuple[str, str]) -> dict[str, str | None]:
+        now = time.monotonic()
+        live = {pod: v for pod, v in self._marks.get(key, {}).items() if v[1] > now}
+        self._marks[key] = live
+        return {pod: since for pod, (since, _) in live.items()}
 
     def _recent_status(self, key: tuple[str, str]) -> dict[str, Any] | None:
         written = self._status_written.get(key)
@@ -126,6 +144,7 @@ class Controller:
             self._reported.pop((namespace, name), None)
             self._written.pop((namespace, name), None)
             self._status_written.pop((namespace, name), None)
+            self._marks.pop((namespace, name), None)
 
     def reconcile(self, body: Mapping[str, Any], observed: Observed) -> PassResult:
         meta = body.get("metadata") or {}
@@ -238,6 +257,8 @@ class Controller:
 
         Router and worker HTTP happen only while a pool is shrinking or has marked pods: an
         idle service costs no I/O and no API write here."""
+        key = (str(body["metadata"]["namespace"]), str(body["metadata"]["name"]))
+        observed = with_marks(observed, self._recent_marks(key))
         applied = dict(desired)
         active = {}
         for role in labels.WORKER_ROLES:
@@ -260,8 +281,7 @@ class Controller:
         timeout_s = parse_duration(isvc.spec.drain.timeout)
         now = self.clock()
         requeue: float | None = None
-        namespace = str(body["metadata"]["namespace"])
-        key = (namespace, str(body["metadata"]["name"]))
+        namespace = key[0]
         reported = self._reported.get(key, set())
         live = {(p.name, p.draining_since or "") for p in observed.pods}
         try:
@@ -281,6 +301,7 @@ class Controller:
                 ]
                 drain = replace(drain, actions=fresh)
                 outcome = execute_drain(drain, role, namespace, body, self.writer, fleet)
+                self._remember_marks(key, drain.actions)
                 reported |= {(a.pod, a.since or "") for a in outcome.finished}
                 applied[role] = drain.replicas
                 if drain.actions or drain.active:

@@ -85,3 +85,19 @@ def test_scale_down_marks_the_top_pods_and_holds_the_statefulset(no_http: list[s
     assert ("apply", ("StatefulSet", 1)) not in writer.calls
     assert result.requeue_after_s == DRAIN_POLL_S
     assert no_http == ["read []"]  # nothing marked yet, so no worker to read
+
+
+def test_a_pass_before_the_pod_index_catches_up_does_not_mark_again(
+    no_http: list[str],
+) -> None:
+    body = _body(decode=1)
+    writer = Writer()
+    clock = [NOW]
+    controller = Controller(writer, clock=lambda: clock[0])  # type: ignore[arg-type]
+    stale = _observed(body, 3)  # the index still shows the pods unmarked
+    controller.reconcile(body, stale)
+    first = [c for c in writer.calls if c[0] == "patch"]
+    clock[0] = NOW.replace(second=9)
+    controller.reconcile(body, stale)
+    again = [c for c in writer.calls if c[0] == "patch"][len(first) :]
+    assert len(first) == 2 and again == [], "the drain clock must not restart"

@@ -8,7 +8,7 @@ it plain dicts.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pdfleet import labels
@@ -147,3 +147,17 @@ def overlay(observed: Observed, written: Mapping[tuple[str, str], ChildRef]) -> 
         if seen is None or seen.applied_hash != ref.applied_hash:
             children[key] = ref
     return Observed(children=children, pods=observed.pods)
+
+
+def with_marks(observed: Observed, marks: Mapping[str, str | None]) -> Observed:
+    """The observed pods with drain marks this operator has just written (None: unmarked)
+    laid over them, while the pod index has not caught up."""
+    if not marks:
+        return observed
+    pods = tuple(
+        replace(p, draining_since=marks[p.name])
+        if p.name in marks and not p.terminating and p.draining_since != marks[p.name]
+        else p
+        for p in observed.pods
+    )
+    return Observed(children=observed.children, pods=pods)
