@@ -9,7 +9,7 @@ from typing import Any
 
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.autoscale.actuator import Autoscaler, describe, policy_config
-from pdfleet.autoscale.policy import MetricsWindow, RoleMetrics
+from pdfleet.autoscale.policy import MetricsWindow, PolicyConfig, RoleMetrics
 from pdfleet.controller import Controller
 from pdfleet.reconcile.observed import Observed, PodInfo, observed_from
 from pdfleet.reconcile.plan import desired_replicas, with_hash
@@ -48,9 +48,14 @@ def _isvc() -> InferenceService:
 
 def _metrics(ttft: float, itl: float, prompt_rate: float = 1000.0) -> RoleMetrics:
     return RoleMetrics(
-        ttft_s=ttft, itl_s=itl, request_rate=1.0, prompt_tokens_rate=prompt_rate,
-        generation_tokens_rate=100.0, num_requests_waiting=0.0, kv_cache_usage=0.1,
-    )  # fmt: skip
+        ttft_s=ttft,
+        itl_s=itl,
+        request_rate=1.0,
+        prompt_tokens_rate=prompt_rate,
+        generation_tokens_rate=100.0,
+        num_requests_waiting=0.0,
+        kv_cache_usage=0.1,
+    )
 
 
 class Source:
@@ -84,6 +89,27 @@ def test_policy_config_from_spec() -> None:
     assert (config.prefill_max, config.decode_max, config.gpu_budget) == (4, 4, 6)
     assert config.interval_s == 15.0
     assert (config.scale_up_stabilization_s, config.scale_down_stabilization_s) == (60.0, 300.0)
+
+
+def test_policy_memory_follows_the_scale_down_window() -> None:
+    defaults = PolicyConfig(ttft_target_s=1.0, itl_target_s=0.02)
+    config = policy_config(_isvc())  # scaleDownStabilization 300s, workerStartup 120s
+    for field in (
+        "startup_s",
+        "trend_window_s",
+        "burst_memory_half_life_s",
+        "capacity_half_life_s",
+        "scale_down_period_s",
+    ):
+        assert getattr(config, field) == getattr(defaults, field), field
+    fast = InferenceService.model_validate(
+        merge_patch(
+            _body(),
+            {"spec": {"autoscaling": {"scaleDownStabilization": "30s", "workerStartup": "10s"}}},
+        )
+    )
+    config = policy_config(fast)
+    assert (config.startup_s, config.trend_window_s, config.scale_down_period_s) == (10, 30, 15)
 
 
 def test_describe() -> None:

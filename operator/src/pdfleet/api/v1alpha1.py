@@ -499,6 +499,11 @@ class AutoscalingSpec(ApiModel):
     max_scale_down_step: int = Field(
         1, ge=1, le=1000, description="Most replicas removed from one pool in one decision."
     )
+    worker_startup: Duration = Field(
+        "120s",
+        description="How long a new worker takes to serve (pull, load weights, warm up): the "
+        "autoscaler sizes for the load expected by the time new workers are ready.",
+    )
 
 
 class DrainSpec(ApiModel):

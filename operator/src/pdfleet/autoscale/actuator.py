@@ -49,7 +49,16 @@ def policy_config(isvc: InferenceService) -> PolicyConfig:
     spec = isvc.spec
     assert spec.slo is not None  # admission requires slo when autoscaling is enabled
     auto = spec.autoscaling
+    settle_s = parse_duration(auto.scale_down_stabilization)
+    # The policy's memory follows the user's scale-down window (the defaults, 300 s, give
+    # the benchmarked values): trends over one window, burst memory and capacity estimates
+    # fading over two and three, at most one scale-down step per fifth of it.
     return PolicyConfig(
+        startup_s=parse_duration(auto.worker_startup),
+        trend_window_s=settle_s,
+        burst_memory_half_life_s=2 * settle_s,
+        capacity_half_life_s=3 * settle_s,
+        scale_down_period_s=max(parse_duration(auto.interval), settle_s / 5),
         ttft_target_s=spec.slo.ttft.seconds,
         itl_target_s=spec.slo.itl.seconds,
         percentile=max(spec.slo.ttft.percentile, spec.slo.itl.percentile),
@@ -210,6 +219,14 @@ class Autoscaler:
             self._last_run[key] = now_s
         previous = (previous_status or {}).get("autoscaler") or {}
         outcome = outcome_of(decision, current, window, config, previous, now)
+        log.log(
+            logging.INFO if outcome.desired != dict(current) else logging.DEBUG,
+            "%s/%s autoscaler: %s (%s)",
+            namespace,
+            name,
+            outcome.autoscaler["lastDecision"],
+            outcome.autoscaler["reason"],
+        )
         _export_metrics(namespace, name, current, outcome, config, window)
         return outcome
 
