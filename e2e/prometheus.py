@@ -262,18 +262,30 @@ class Prometheus:
         config = prometheus_config(s.jobs, s.scrape_interval_s, s.evaluation_interval_s)
         self.config_file.write_text(yaml.safe_dump(config, sort_keys=False))
         check_config(self.config_file, self.bin_dir)
+        self._launch("wb")
+        return self
+
+    def _launch(self, log_mode: str) -> None:
         argv = command_line(
             self.bin_dir / "prometheus", self.config_file, self.tsdb_dir, self.address
         )
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        if self._http.is_closed:
+            self._http = httpx.Client(base_url=self.url, timeout=5.0)
+        self._log = open(self.log_path, log_mode)  # noqa: SIM115 - closed in stop()
         self._popen = subprocess.Popen(
             argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
-            self.wait_ready(s.start_timeout_s)
+            self.wait_ready(self.settings.start_timeout_s)
         except BaseException:
             self.stop()
             raise
+
+    def restart(self) -> Prometheus:
+        """Start again after :meth:`stop`: same address, configuration and TSDB (the
+        samples scraped before the stop stay queryable); the log is appended to."""
+        self.stop()
+        self._launch("ab")
         return self
 
     def stop(self, grace_s: float = 10.0) -> None:
