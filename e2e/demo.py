@@ -22,65 +22,40 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from contextlib import ExitStack, suppress
-from dataclasses import asdict, dataclass
+from contextlib import ExitStack
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import yaml
-from kubernetes import client, config
+from kubernetes import config
 
-from e2e.bridge import OWNED_LABEL, Bridge, BridgeSettings
+from e2e.bridge import OWNED_LABEL
 from e2e.cluster import REPO_ROOT, Cluster, ClusterConfig, start, stop
+from e2e.fleet import Sample, drive, running_fleet, slo_targets
 from e2e.loadgen import OK, LoadRun, Phase, Record, summarize
-from e2e.operator_process import OperatorProcess
-from pdfleet import labels
+
+__all__ = ["Sample", "demo_phases", "main", "render_view", "summary_text"]
 
 NAMESPACE = "default"
-FLEET_FILE = Path(__file__).with_name("demo-fleet.yaml")
 
 
 def demo_phases(speed: float = 1.0) -> list[Phase]:
     """Wall-clock phases (time scale 10): warm up, a long-prompt surge, a long-output surge.
 
-    Sizing with the Llama-3.1-8B/H200 latency model: a prefill replica sustains ~45k prompt
-    tokens per simulated second (4.5k per wall second at scale 10), so 2.5 req/s of 4,000-token
-    prompts needs 2-3 prefill replicas; a decode step costs 5.0 ms + 0.059 ms per running
-    request at a 1.6k-token context, so ~45 concurrent 256-token streams break a 7 ms ITL on
-    one decode replica but not on two."""
+    Sizing with the Llama-3.1-8B latency model: a prefill replica sustains ~45k prompt tokens
+    per simulated second (4.5k per wall second at scale 10), so 2 req/s of 4,000-token prompts
+    (8k/s, bursts above 10k/s) needs 3 prefill replicas and the 4-GPU budget takes one of the
+    two decode replicas. A decode step costs 5.0 ms + (0.011 + 0.000029 x context) ms per
+    running request, so ~30 concurrent 384-token streams at a 1.7k-token context (1.2 req/s)
+    break the 6 ms ITL target on one decode replica (~7 ms), nearly on two, not on three;
+    their prompts (1.8k/s) fit one prefill replica. The load stays light on CPU: ~15 SSE
+    chunks per second per stream."""
     return [
-        Phase("warm-up", 30 * speed, 0.5, 1000, 32),
-        Phase("long prompts", 150 * speed, 2.5, 4000, 16),
-        Phase("long outputs", 180 * speed, 2.25, 1500, 256),
-        Phase("cool-down", 30 * speed, 0.3, 500, 32),
+        Phase("warm-up", 20 * speed, 0.5, 1000, 128),
+        Phase("long prompts", 80 * speed, 2.0, 4000, 16),
+        Phase("long outputs", 170 * speed, 1.2, 1500, 384),
+        Phase("cool-down", 20 * speed, 0.3, 500, 32),
     ]
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One tick of the live view, kept for the plot."""
-
-    t: float
-    phase: str
-    prefill: dict[str, int]
-    decode: dict[str, int]
-    ttft_s: float
-    itl_s: float
-    rate: float
-    errors: int
-    decision: str
-
-
-def fleet_manifest(prometheus_url: str) -> dict[str, Any]:
-    manifest: dict[str, Any] = yaml.safe_load(FLEET_FILE.read_text())
-    manifest["metadata"]["namespace"] = NAMESPACE
-    manifest["spec"]["autoscaling"]["prometheus"]["url"] = prometheus_url
-    return manifest
-
-
-def _role(status: dict[str, Any], role: str) -> dict[str, int]:
-    counts = status.get(role) or {}
-    return {k: int(counts.get(k, 0)) for k in ("desired", "ready", "draining", "pending")}
 
 
 def _fmt_s(value: float) -> str:
@@ -110,15 +85,6 @@ def render_view(sample: Sample, slo: dict[str, Any], total: int, ok: int) -> str
         f"  autoscaler: {sample.decision}",
     ]
     return "\n".join(lines)
-
-
-def _p90(values: list[float]) -> float:
-    values = sorted(v for v in values if not math.isnan(v))
-    return values[int(0.9 * (len(values) - 1))] if values else math.nan
-
-
-def recent(records: Sequence[Record], now: float, window: float = 20.0) -> list[Record]:
-    return [r for r in records if r.outcome == OK and now - window <= r.start_s <= now]
 
 
 def plot(samples: Sequence[Sample], slo_s: tuple[float, float], path: Path) -> None:
@@ -198,101 +164,6 @@ def summary_text(
     )
 
 
-async def watch(
-    api: Any,
-    run: LoadRun,
-    started: float,
-    samples: list[Sample],
-    stop: asyncio.Event,
-    live: bool,
-) -> None:
-    while not stop.is_set():
-        now = time.monotonic() - started
-        obj = await asyncio.to_thread(read_fleet, api)
-        status = obj.get("status") or {}
-        window = recent(run.records, now)
-        phase = next((p.name for p, end in _phase_ends(run.phases) if now <= end), "done")
-        sample = Sample(
-            t=now,
-            phase=phase,
-            prefill=_role(status, "prefill"),
-            decode=_role(status, "decode"),
-            ttft_s=_p90([r.ttft_s for r in window]),
-            itl_s=_p90([r.itl_s for r in window]),
-            rate=sum(1 for r in run.records if now - 20 <= r.start_s <= now) / 20.0,
-            errors=sum(1 for r in run.records if r.outcome != OK),
-            decision=(status.get("autoscaler") or {}).get("lastDecision", ""),
-        )
-        samples.append(sample)
-        if live:
-            ok = sum(1 for r in run.records if r.outcome == OK)
-            screen = render_view(sample, obj["spec"].get("slo") or {}, len(run.records), ok)
-            sys.stdout.write("\x1b[2J\x1b[H" + screen + "\n")
-            sys.stdout.flush()
-        with suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=2.0)
-
-
-def _phase_ends(phases: Sequence[Phase]) -> list[tuple[Phase, float]]:
-    ends, total = [], 0.0
-    for phase in phases:
-        total += phase.duration_s
-        ends.append((phase, total))
-    return ends
-
-
-async def drive(api: Any, url: str, args: argparse.Namespace) -> tuple[list[Record], list[Sample]]:
-    run = LoadRun(
-        url=url,
-        model="meta-llama/Llama-3.1-8B-Instruct",
-        phases=demo_phases(args.speed),
-        time_scale=args.time_scale,
-    )
-    samples: list[Sample] = []
-    stop_event = asyncio.Event()
-    started = time.monotonic()
-    watcher = asyncio.create_task(watch(api, run, started, samples, stop_event, args.live))
-    try:
-        await run.run()
-    finally:
-        stop_event.set()
-        await watcher
-    return run.records, samples
-
-
-def read_fleet(api: Any) -> dict[str, Any]:
-    obj = client.CustomObjectsApi(api).get_namespaced_custom_object(
-        labels.GROUP, labels.VERSION, NAMESPACE, labels.PLURAL, "demo"
-    )
-    return cast(dict[str, Any], obj)
-
-
-def wait_ready(api: Any, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        obj = read_fleet(api)
-        for condition in (obj.get("status") or {}).get("conditions") or ():
-            if condition["type"] == "Ready" and condition["status"] == "True":
-                return
-        time.sleep(1)
-    raise TimeoutError("the demo fleet did not become Ready")
-
-
-def router_url(api: Any) -> str:
-    pods = (
-        client.CoreV1Api(api)
-        .list_namespaced_pod(
-            NAMESPACE, label_selector=f"{labels.SERVICE}=demo,{labels.ROLE}={labels.ROLE_ROUTER}"
-        )
-        .items
-    )
-    ips = [p.status.pod_ip for p in pods if p.status and p.status.phase == "Running"]
-    ips = [ip for ip in ips if ip]
-    if not ips:
-        raise RuntimeError("no running router pod")
-    return f"http://{ips[0]}:8000"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n")[0])
     parser.add_argument("--keep", action="store_true", help="leave everything running at the end")
@@ -308,7 +179,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.out / "state"
-    from e2e.prometheus import start_for_cluster  # the Prometheus harness
 
     wall = time.monotonic()
     with ExitStack() as stack:
@@ -318,44 +188,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if not args.keep:
             stack.callback(stop, cluster)
-        cluster.apply(
-            list(
-                yaml.safe_load_all(
-                    (REPO_ROOT / "crds" / f"{labels.GROUP}_{labels.PLURAL}.yaml").read_text()
-                )
-            )
-        )
         api = config.new_client_from_config(config_file=str(cluster.kubeconfig))  # type: ignore[no-untyped-call]
-        print("starting Prometheus (Kubernetes service discovery) ...", flush=True)
-        prometheus = start_for_cluster(cluster, work / "prometheus")
-        if not args.keep:
-            stack.callback(prometheus.stop)
-        print(
-            "starting the process bridge (simulated vLLM workers, real vllm-router) ...", flush=True
-        )
-        bridge = Bridge(
-            BridgeSettings(
-                kubeconfig=cluster.kubeconfig,
-                log_dir=work / "bridge",
-                time_scale=args.time_scale,
-                probe_period_max_s=2.0,
+        fleet = stack.enter_context(
+            running_fleet(
+                cluster,
+                api,
+                work,
+                NAMESPACE,
+                args.time_scale,
+                operator_log=args.out / "operator.log",
+                keep=args.keep,
+                progress=lambda line: print(line, flush=True),
             )
-        ).start()
-        if not args.keep:
-            stack.callback(bridge.stop)
-        print("starting the operator ...", flush=True)
-        operator = OperatorProcess(
-            kubeconfig=cluster.kubeconfig, log_path=args.out / "operator.log", resync_seconds=5.0
-        ).start()
-        if not args.keep:
-            stack.callback(operator.stop)
-        operator.wait_healthy()
-        manifest = fleet_manifest(prometheus.url)
-        cluster.apply([manifest])
-        print("applied e2e/demo-fleet.yaml; waiting for the fleet to be Ready ...", flush=True)
-        wait_ready(api)
-        records, samples = asyncio.run(drive(api, router_url(api), args))
-        slo = (0.5, 0.007)
+        )
+        show = _live_view if args.live else None
+        state = asyncio.run(drive(fleet, demo_phases(args.speed), args.time_scale, show))
+        records, samples = state.run.records, state.samples
+        slo = slo_targets(fleet.manifest)
         plot(samples, slo, args.out / "demo.png")
         text = summary_text(records, samples, time.monotonic() - wall, slo)
         (args.out / "summary.txt").write_text(text + "\n")
@@ -368,6 +217,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.keep:
             print(keep_instructions(cluster))
     return 0
+
+
+def _live_view(sample: Sample, obj: dict[str, Any], run: LoadRun) -> None:
+    ok = sum(1 for r in run.records if r.outcome == OK)
+    screen = render_view(sample, obj["spec"].get("slo") or {}, len(run.records), ok)
+    sys.stdout.write("\x1b[2J\x1b[H" + screen + "\n")
+    sys.stdout.flush()
 
 
 def keep_instructions(cluster: Cluster) -> str:
