@@ -31,7 +31,7 @@ import pytest
 from pdfleet import labels
 from pdfleet.drain.executor import execute
 from pdfleet.drain.io import RouterFleet, RouterReplica, read_loads
-from pdfleet.drain.plan import needs_io, plan_drain
+from pdfleet.drain.plan import needs_io, plan_drain, without_reported
 from pdfleet.reconcile.observed import PodInfo
 from pdfleet_worker.sim.procs import Proc, SimProc, free_port, start_sim, stopping, wait_http
 
@@ -184,6 +184,7 @@ class SimPods:
             for i in range(len(sims))
         ]  # fmt: skip
         self.events: list[tuple[str, str, str]] = []
+        self.reported: set[tuple[str, str]] = set()
         self.urls = {p.name: s.url for p, s in zip(self.pods, self.sims, strict=True)}
 
     def patch_merge(
@@ -228,7 +229,9 @@ def drain(fleet: Fleet, pods: SimPods, desired: int, timeout_s: float = 60.0) ->
                 pods.role, desired, current, pods.pods, loads, datetime.now(UTC), timeout_s,
                 port=0, url_of=lambda p: pods.urls[p.name],
             )  # fmt: skip
+            plan = without_reported(plan, pods.reported)  # as the controller does
             outcome = execute(plan, pods.role, "test", {}, pods, router_fleet)
+            pods.reported |= {(a.pod, a.since or "") for a in outcome.finished}
             assert not outcome.failed, outcome
             if plan.replicas < current:
                 pods.scale_to(plan.replicas)

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,7 +27,14 @@ from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.autoscale.actuator import Autoscaler
 from pdfleet.drain.executor import execute as execute_drain
 from pdfleet.drain.io import RouterFleet, read_loads, router_replicas
-from pdfleet.drain.plan import Action, Kind, needs_io, plan_drain, worker_url
+from pdfleet.drain.plan import (
+    Action,
+    Kind,
+    needs_io,
+    plan_drain,
+    without_reported,
+    worker_url,
+)
 from pdfleet.kube.api import KubeWriter
 from pdfleet.reconcile.observed import ChildRef, Observed, child_ref, overlay, with_marks
 from pdfleet.reconcile.plan import desired_replicas, plan
@@ -294,12 +301,7 @@ class Controller:
                 }
                 loads = read_loads(fleet, marked)
                 drain = plan_drain(role, desired[role], current, pods, loads, now, timeout_s, port)
-                fresh = [
-                    a
-                    for a in drain.actions
-                    if a.kind is not Kind.FINISHED or (a.pod, a.since or "") not in reported
-                ]
-                drain = replace(drain, actions=fresh)
+                drain = without_reported(drain, reported)
                 outcome = execute_drain(drain, role, namespace, body, self.writer, fleet)
                 self._remember_marks(key, drain.actions)
                 reported |= {(a.pod, a.since or "") for a in outcome.finished}

@@ -204,3 +204,15 @@ def test_needs_io_only_while_draining(
     desired: int, current: int | None, pods: list[PodInfo], expected: bool
 ) -> None:
     assert needs_io(desired, current, pods) is expected
+
+
+def test_a_finished_drain_is_reported_once() -> None:
+    from pdfleet.drain.plan import Action, DrainPlan, Kind, without_reported
+
+    done = Action(Kind.FINISHED, "svc-decode-1", since="t0")
+    again = Action(Kind.FINISHED, "svc-decode-1", since="t1")  # drained again later: new
+    plan = DrainPlan(
+        replicas=3, actions=[done, again, Action(Kind.MARK, "svc-decode-2", since="t0")]
+    )
+    kept = without_reported(plan, {("svc-decode-1", "t0")})
+    assert [(a.kind, a.since) for a in kept.actions] == [(Kind.FINISHED, "t1"), (Kind.MARK, "t0")]

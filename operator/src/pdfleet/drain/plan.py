@@ -22,8 +22,8 @@ pod leaves only when it holds no request.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence, Set
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 
@@ -212,3 +212,15 @@ def plan_drain(
         # Reclaimed pods serve again before any new pod is added.
         replicas = current
     return DrainPlan(replicas=replicas, actions=actions, stages=stages)
+
+
+def without_reported(plan: DrainPlan, reported: Set[tuple[str, str]]) -> DrainPlan:
+    """The plan without FINISHED actions already reported, keyed by (pod, drain start): a
+    drained pod stays FINISHED until the StatefulSet is lowered past it (a lower ordinal may
+    still be draining), and its Event and metric must be recorded once."""
+    fresh = [
+        a
+        for a in plan.actions
+        if a.kind is not Kind.FINISHED or (a.pod, a.since or "") not in reported
+    ]
+    return replace(plan, actions=fresh)
