@@ -61,7 +61,7 @@ class Sample:
     phase: str
     prefill: dict[str, int]
     decode: dict[str, int]
-    ttft_s: float  # client p90 over the last 20 s, simulated seconds
+    ttft_s: float  # client p90 of the requests that ended in the last 20 s, simulated s
     itl_s: float
     rate: float
     errors: int
@@ -88,7 +88,13 @@ def p90(values: Sequence[float]) -> float:
 
 
 def recent(records: Sequence[Record], now: float, window: float = 20.0) -> list[Record]:
-    return [r for r in records if r.outcome == OK and now - window <= r.start_s <= now]
+    """Completed requests that ended in the last ``window`` seconds (started, if no end)."""
+    return [
+        r
+        for r in records
+        if r.outcome == OK
+        and now - window <= (r.end_s if not math.isnan(r.end_s) else r.start_s) <= now
+    ]
 
 
 def phase_ends(phases: Sequence[Phase]) -> list[tuple[Phase, float]]:
@@ -273,7 +279,10 @@ def running_fleet(
                 log_dir=workdir / "bridge",
                 namespace=None if namespace == "default" else namespace,
                 time_scale=time_scale,
-                probe_period_max_s=2.0,
+                probe_period_max_s=3.0,
+                # the exec readiness probe is a Python start: on two shared, loaded cores its
+                # spec timeout (3 s) flaps every pod NotReady and out of the router at once
+                probe_timeout_min_s=10.0,
             )
         ).start()
         if not keep:

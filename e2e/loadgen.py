@@ -17,7 +17,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 
@@ -44,6 +44,7 @@ class Record:
     itl_s: float = math.nan
     tokens: int = 0
     detail: str = ""
+    end_s: float = math.nan  # when the request ended, seconds from the run's start
 
 
 def prompt_of(tokens: int) -> str:
@@ -144,6 +145,7 @@ class LoadRun:
         async def fire(client: httpx.AsyncClient, at: float, phase: Phase) -> None:
             async with gate:
                 record = await one_request(client, self.url, self.model, phase, at, self.time_scale)
+            record = replace(record, end_s=time.monotonic() - start)
             self.records.append(record)
             if self.on_record is not None:
                 self.on_record(record)
