@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 # How long a child we wrote stands in for the watch index's copy (which lags by a moment);
 # long enough for any watch event, short enough that a child deleted meanwhile comes back.
 RECENT_WRITE_S = 10.0
+# How long a reported drain is remembered (its Event and metric are recorded once).
+REPORTED_KEEP_S = 3600.0
 
 # While a pool drains, the next pass comes this soon: in-flight gauges change no Kubernetes
 # object, so no watch event would wake the controller when a worker goes idle.
@@ -101,7 +103,7 @@ class Controller:
         self._marks: dict[tuple[str, str], dict[str, tuple[str | None, float]]] = {}
         # Drains already reported (Event + metric), by service: the StatefulSet's lowered
         # count may reach the watch index a pass late, and the report must not repeat.
-        self._reported: dict[tuple[str, str], set[tuple[str, str]]] = {}
+        self._reported: dict[tuple[str, str], dict[tuple[str, str], float]] = {}
 
     def _remember(self, key: tuple[str, str], ref: ChildRef) -> None:
         expires = time.monotonic() + RECENT_WRITE_S
@@ -289,8 +291,14 @@ class Controller:
         now = self.clock()
         requeue: float | None = None
         namespace = key[0]
-        reported = self._reported.get(key, set())
-        live = {(p.name, p.draining_since or "") for p in observed.pods}
+        # Keyed by (pod, drain start), which never repeats; kept for a while rather than
+        # pruned to the pods seen this pass, so an index that briefly misses a pod cannot
+        # make its drain be reported twice.
+        reported = {
+            k: at
+            for k, at in self._reported.get(key, {}).items()
+            if time.monotonic() - at < REPORTED_KEEP_S
+        }
         try:
             for role, current in active.items():
                 pods = observed.pods_of(role)
@@ -301,10 +309,12 @@ class Controller:
                 }
                 loads = read_loads(fleet, marked)
                 drain = plan_drain(role, desired[role], current, pods, loads, now, timeout_s, port)
-                drain = without_reported(drain, reported)
+                drain = without_reported(drain, reported.keys())
                 outcome = execute_drain(drain, role, namespace, body, self.writer, fleet)
                 self._remember_marks(key, drain.actions)
-                reported |= {(a.pod, a.since or "") for a in outcome.finished}
+                reported.update(
+                    ((a.pod, a.since or ""), time.monotonic()) for a in outcome.finished
+                )
                 applied[role] = drain.replicas
                 if drain.actions or drain.active:
                     requeue = DRAIN_POLL_S
@@ -320,7 +330,7 @@ class Controller:
                     )
         finally:
             fleet.close()
-            self._reported[key] = reported & live
+            self._reported[key] = reported
         return applied, requeue
 
     def _write_status(
