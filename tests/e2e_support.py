@@ -38,9 +38,9 @@ def mark_folder(items: list[pytest.Item], folder: Path, marker: pytest.MarkDecor
             item.add_marker(marker)
 
 
-@pytest.fixture(scope="session")
-def bridge_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A cluster whose pdfleet pods (any ``pdfleet.dev/role``) are run by a bridge."""
+def require_cluster_tools(suite: str) -> Path:
+    """The toolchain's bin dir; fails the run (never skips) when a binary is missing or the
+    tests are not inside the private network namespace."""
     bin_dir = toolchain_bin_dir()
     missing = missing_binaries(bin_dir)
     if missing:
@@ -51,10 +51,17 @@ def bridge_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster
         )
     if not in_private_netns():
         pytest.fail(
-            "bridge tests must run inside the private network namespace: "
-            "e2e/netns.sh .venv/bin/pytest tests/e2e_bridge",
+            f"these tests must run inside the private network namespace: "
+            f"e2e/netns.sh .venv/bin/pytest {suite}",
             pytrace=False,
         )
+    return bin_dir
+
+
+@pytest.fixture(scope="session")
+def bridge_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A cluster whose pdfleet pods (any ``pdfleet.dev/role``) are run by a bridge."""
+    bin_dir = require_cluster_tools("tests/e2e_bridge")
     cfg = ClusterConfig(
         name="pdfleet-bridge",
         workdir=tmp_path_factory.mktemp("kwok"),

@@ -26,13 +26,11 @@ from e2e.cluster import (
     REPO_ROOT,
     Cluster,
     ClusterConfig,
-    in_private_netns,
-    missing_binaries,
     start,
     stop,
-    toolchain_bin_dir,
     wait_until,
 )
+from tests.e2e_support import require_cluster_tools
 
 HERE = Path(__file__).resolve().parent
 CRD_DIR = REPO_ROOT / "crds"
@@ -48,20 +46,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The session's cluster: started once, stopped (and its state deleted) at the end."""
-    bin_dir = toolchain_bin_dir()
-    missing = missing_binaries(bin_dir)
-    if missing:
-        pytest.fail(
-            f"Kubernetes toolchain incomplete (missing {', '.join(missing)} in {bin_dir}): "
-            "run `make toolchain` first",
-            pytrace=False,
-        )
-    if not in_private_netns():
-        pytest.fail(
-            "integration tests must run inside the private network namespace: "
-            "e2e/netns.sh .venv/bin/pytest tests/integration",
-            pytrace=False,
-        )
+    bin_dir = require_cluster_tools("tests/integration")
     cfg = ClusterConfig(name="pdfleet-it", workdir=tmp_path_factory.mktemp("kwok"), bin_dir=bin_dir)
     started = start(cfg)
     try:
