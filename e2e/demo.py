@@ -46,14 +46,14 @@ def demo_phases(speed: float = 1.0) -> list[Phase]:
     per simulated second (4.5k per wall second at scale 10), so 2 req/s of 4,000-token prompts
     (8k/s, bursts above 10k/s) needs 3 prefill replicas and the 4-GPU budget takes one of the
     two decode replicas. A decode step costs 5.0 ms + (0.011 + 0.000029 x context) ms per
-    running request, so ~30 concurrent 384-token streams at a 1.7k-token context (1.2 req/s)
-    break the 6 ms ITL target on one decode replica (~7 ms), nearly on two, not on three;
-    their prompts (1.8k/s) fit one prefill replica. The load stays light on CPU: ~15 SSE
-    chunks per second per stream."""
+    running request, so ~35 concurrent 384-token streams at a 1.7k-token context (1.4 req/s)
+    break the 6 ms ITL target on one decode replica (~7 ms) and need three on the policy's
+    fitted capacity; their prompts (2.1k/s) fit one prefill replica. The load stays light on
+    CPU: ~15 SSE chunks per second per stream."""
     return [
         Phase("warm-up", 20 * speed, 0.5, 1000, 128),
         Phase("long prompts", 80 * speed, 2.0, 4000, 16),
-        Phase("long outputs", 170 * speed, 1.2, 1500, 384),
+        Phase("long outputs", 170 * speed, 1.4, 1500, 384),
         Phase("cool-down", 20 * speed, 0.3, 500, 32),
     ]
 
