@@ -53,7 +53,7 @@ def demo_phases(speed: float = 1.0) -> list[Phase]:
     return [
         Phase("warm-up", 20 * speed, 0.5, 1000, 128),
         Phase("long prompts", 80 * speed, 2.0, 4000, 16),
-        Phase("long outputs", 170 * speed, 1.4, 1500, 384),
+        Phase("long outputs", 200 * speed, 1.4, 1500, 384),
         Phase("cool-down", 20 * speed, 0.3, 500, 32),
     ]
 

@@ -26,7 +26,7 @@ from kubernetes import client
 
 from e2e.bridge import Bridge, BridgeSettings
 from e2e.cluster import REPO_ROOT, Cluster, wait_until
-from e2e.loadgen import OK, LoadRun, Phase, Record
+from e2e.loadgen import OK, LoadRun, Phase, Record, arrivals
 from e2e.operator_process import OperatorProcess
 from e2e.prometheus import Prometheus, start_for_cluster
 from pdfleet import labels
@@ -63,7 +63,7 @@ class Sample:
     decode: dict[str, int]
     ttft_s: float  # client p90 of the requests that ended in the last 20 s, simulated s
     itl_s: float
-    rate: float
+    rate: float  # offered: arrivals per second over the last 20 s
     errors: int
     decision: str
     metrics_available: str = ""  # the condition's status and reason, e.g. "False/MetricsMissing"
@@ -159,7 +159,7 @@ class Fleet:
             decode=role_counts(status, labels.ROLE_DECODE),
             ttft_s=p90([r.ttft_s for r in window]),
             itl_s=p90([r.itl_s for r in window]),
-            rate=sum(1 for r in run.records if now - 20 <= r.start_s <= now) / 20.0,
+            rate=sum(1 for at, _ in arrivals(run.phases, run.seed) if now - 20 <= at <= now) / 20,
             errors=sum(1 for r in run.records if r.outcome != OK),
             decision=autoscaler.get("lastDecision", ""),
             metrics_available=(
