@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # namespace: pod IPs are real there and nothing can leave the machine (docs/testinfra.md).
 NETNS := e2e/netns.sh
 INTEGRATION_TESTS := tests/integration tests/router tests/prometheus
-E2E_TESTS := tests/e2e_bridge tests/e2e_drain
+E2E_TESTS := tests/e2e_bridge tests/e2e_drain tests/e2e_autoscale
 DEMO_ARGS ?=
 
 .DEFAULT_GOAL := help
