@@ -28,6 +28,7 @@ from e2e.cluster import REPO_ROOT, Cluster, wait_until
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.autoscale import promql
 from pdfleet.autoscale.metrics import PrometheusSource
+from pdfleet.autoscale.policy import MetricsWindow
 from pdfleet.render import render_children
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -161,14 +162,27 @@ def test_the_autoscaler_reads_a_full_window_from_discovered_pods(discovered: Dis
                 },
             )
             r.raise_for_status()
-    decode = promql.Target(discovered.namespace, SERVICE, "decode")
-    discovered.prom.wait_for(
-        lambda: discovered.prom.scalar(f"sum({decode.selector(promql.REQUESTS)})") == 3,
-        30,
-        "the decode requests to be scraped",
-    )
+    # rate() needs two samples of each counter; a series first scraped after the requests
+    # (vLLM's labelled counters appear with their first request) reads NaN until the next
+    # scrape, so the window is polled until both roles have one.
     source = PrometheusSource(discovered.prom.url, disable_ssl=True)
-    m = source.window(discovered.namespace, SERVICE, time.time(), 90, 60)
-    assert m.prefill is not None and m.decode is not None
-    assert m.prefill.request_rate > 0 and m.decode.generation_tokens_rate > 0
-    assert m.prefill.ttft_s > 0 and m.decode.itl_s > 0
+
+    def window() -> MetricsWindow:
+        return source.window(discovered.namespace, SERVICE, time.time(), 90, 60)
+
+    def full(m: MetricsWindow) -> bool:
+        return (
+            m.prefill is not None
+            and m.decode is not None
+            and m.prefill.request_rate > 0
+            and m.prefill.ttft_s > 0
+            and m.decode.generation_tokens_rate > 0
+            and m.decode.itl_s > 0
+        )
+
+    deadline = time.monotonic() + 30
+    m = window()
+    while not full(m) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        m = window()
+    assert full(m), m
