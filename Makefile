@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # Everything that talks to a cluster, a router or Prometheus runs inside one private network
 # namespace: pod IPs are real there and nothing can leave the machine (docs/testinfra.md).
 NETNS := e2e/netns.sh
-INTEGRATION_TESTS := tests/integration tests/router tests/prometheus
+INTEGRATION_TESTS := tests/integration tests/router tests/prometheus tests/preflight
 E2E_TESTS := tests/e2e_bridge
 # Long scenario proofs (drain cycles, autoscaling under a load shift): their latency bounds
 # are sensitive to a loaded 2-core machine, so they run on their own, not in `make test`.

@@ -22,11 +22,13 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -36,7 +38,6 @@ import numpy.typing as npt
 
 from pdfleet_worker.preflight import plan
 
-RESULT_MARK = "PDFLEET_PREFLIGHT_RESULT "
 _CHUNK = 1 << 20  # the fill pattern repeats per MiB, each MiB stamped with its index
 _NIXL_MODULES = ("nixl._api", "nixl_cu13._api", "nixl_cu12._api")
 _POLL_S = 0.0005
@@ -414,27 +415,29 @@ def _read(
 
 def run(request: Request, env: Mapping[str, str]) -> plan.PreflightResult:
     """Run the initiator in a child process with UCX_PROTO_INFO=y and attach the transport
-    UCX reported for the remote reads of one descriptor."""
+    UCX reported for the remote reads of one descriptor. The result comes back through a
+    file: UCX's report shares stdout, where C stdio may split lines across our output."""
     child_env = {**env, "UCX_PROTO_INFO": "y"}
-    argv = [sys.executable, "-m", "pdfleet_worker.preflight.transfer", "initiate"]
-    try:
-        done = subprocess.run(
-            argv,
-            input=json.dumps(request.to_json()),
-            env=child_env,
-            capture_output=True,
-            text=True,
-            timeout=request.timeout_s + 60,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return plan.failed(f"the initiator did not finish within {request.timeout_s + 60:.0f} s")
-    output = done.stdout + done.stderr
-    line = next((ln for ln in reversed(output.splitlines()) if ln.startswith(RESULT_MARK)), None)
-    if line is None:
-        tail = " | ".join(output.strip().splitlines()[-5:])
-        return plan.failed(f"the initiator exited with {done.returncode}: {tail}"[:1000])
-    result = plan.PreflightResult.from_json(json.loads(line[len(RESULT_MARK) :]))
+    with tempfile.TemporaryDirectory(prefix="pdfleet-preflight-") as tmp:
+        out = Path(tmp) / "result.json"
+        argv = [sys.executable, "-m", "pdfleet_worker.preflight.transfer", "initiate", str(out)]
+        try:
+            done = subprocess.run(
+                argv,
+                input=json.dumps(request.to_json()),
+                env=child_env,
+                capture_output=True,
+                text=True,
+                timeout=request.timeout_s + 60,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return plan.failed(f"the initiator did not finish in {request.timeout_s + 60:.0f} s")
+        output = done.stdout + done.stderr
+        if not out.exists():
+            tail = " | ".join(output.strip().splitlines()[-5:])
+            return plan.failed(f"the initiator exited with {done.returncode}: {tail}"[:1000])
+        result = plan.PreflightResult.from_json(json.loads(out.read_text()))
     lanes = plan.read_lanes(output, result.descriptor_bytes)
     return replace(
         result,
@@ -455,11 +458,11 @@ def target_name(env: Mapping[str, str]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m pdfleet_worker.preflight.transfer")
     parser.add_argument("mode", choices=["initiate"], help="READ from the peer in stdin's JSON")
-    parser.parse_args(argv)
+    parser.add_argument("out", type=Path, help="where to write the result (JSON)")
+    args = parser.parse_args(argv)
     request = Request.from_json(json.loads(sys.stdin.read()))
     result = initiate(request, os.environ)
-    sys.stdout.flush()
-    print(RESULT_MARK + json.dumps(result.to_json()), flush=True)
+    args.out.write_text(json.dumps(result.to_json()))
 
 
 if __name__ == "__main__":
