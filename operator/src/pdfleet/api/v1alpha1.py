@@ -183,7 +183,7 @@ class FabricSpec(ApiModel):
 
     __rules__ = (
         Rule(
-            cel="size(self.networks) == 0 || has(self.rdmaResource)",
+            cel="!has(self.networks) || size(self.networks) == 0 || has(self.rdmaResource)",
             message="networks need rdmaResource: a Multus RDMA network is only usable with "
             "the matching device plugin resource",
             field=".rdmaResource",
@@ -273,7 +273,9 @@ class KVTransferSpec(ApiModel):
 
     __rules__ = (
         Rule(
-            cel="self.preflight.port < self.sideChannelPort || "
+            # has(): the API server also checks this rule against the CRD's default ({}).
+            cel="!has(self.preflight) || !has(self.preflight.port) || "
+            "!has(self.sideChannelPort) || self.preflight.port < self.sideChannelPort || "
             "self.preflight.port >= self.sideChannelPort + 64",
             message="preflight.port must lie outside the side-channel ports (sideChannelPort "
             "up to sideChannelPort + 63, one per data-parallel rank)",
@@ -638,7 +640,9 @@ class InferenceServiceSpec(ApiModel):
             ),
         ),
         Rule(
-            cel="self.kvTransfer.preflight.port != self.engine.port",
+            cel="!has(self.kvTransfer) || !has(self.kvTransfer.preflight) || "
+            "!has(self.kvTransfer.preflight.port) || !has(self.engine.port) || "
+            "self.kvTransfer.preflight.port != self.engine.port",
             message="kvTransfer.preflight.port must differ from engine.port",
             field=".kvTransfer.preflight.port",
             check=lambda s: s.kv_transfer.preflight.port != s.engine.port,
