@@ -26,7 +26,8 @@ from pdfleet_worker.preflight.plan import DTYPE_BYTES, KVGeometry, PreflightResu
 KV_TRANSPORT_READY = "KVTransportReady"
 # A run that could not measure (a listener not up yet, a pod gone) is tried again this late.
 RETRY_S = 60.0
-# How long the operator waits for a run beyond the initiator's own deadline.
+# The operator's wait for a run; the initiator gets a minute less for its transfers, which
+# leaves its process start (transfer.CHILD_START_S) and the HTTP round trips inside it.
 RUN_TIMEOUT_S = 180.0
 # Paths that count as "the fast one" when the fabric names an RDMA resource.
 _FAST = ("rdma", "cuda_ipc")
@@ -149,7 +150,7 @@ def request(isvc: InferenceService, prefill: PodInfo) -> dict[str, Any]:
         },
         "tp": isvc.spec.prefill.parallelism.tensor,
         "iterations": pf.iterations,
-        "timeoutSeconds": RUN_TIMEOUT_S - 30,
+        "timeoutSeconds": RUN_TIMEOUT_S - 60,
     }
 
 

@@ -41,6 +41,9 @@ from pdfleet_worker.preflight import plan
 _CHUNK = 1 << 20  # the fill pattern repeats per MiB, each MiB stamped with its index
 _NIXL_MODULES = ("nixl._api", "nixl_cu13._api", "nixl_cu12._api")
 _POLL_S = 0.0005
+# The initiator's own deadline covers its transfers; this much more for it to start (import
+# NIXL, create the UCX context) and clean up.
+CHILD_START_S = 30.0
 
 
 def nixl_api() -> ModuleType:
@@ -384,7 +387,9 @@ def _read(
         probe = agent.initialize_xfer(
             "READ",
             agent.get_xfer_descs(local.descs(one), memory),
-            agent.get_xfer_descs(descs(int(offer["addr"]), one, int(offer["device"])), memory),
+            agent.get_xfer_descs(
+                descs(int(offer["addr"]), one, int(offer["device"])), str(offer["memory"])
+            ),
             remote_name,
         )
         handles.append(probe)
@@ -428,11 +433,12 @@ def run(request: Request, env: Mapping[str, str]) -> plan.PreflightResult:
                 env=child_env,
                 capture_output=True,
                 text=True,
-                timeout=request.timeout_s + 60,
+                timeout=request.timeout_s + CHILD_START_S,
                 check=False,
             )
         except subprocess.TimeoutExpired:
-            return plan.failed(f"the initiator did not finish in {request.timeout_s + 60:.0f} s")
+            limit = request.timeout_s + CHILD_START_S
+            return plan.failed(f"the initiator did not finish in {limit:.0f} s")
         output = done.stdout + done.stderr
         if not out.exists():
             tail = " | ".join(output.strip().splitlines()[-5:])
