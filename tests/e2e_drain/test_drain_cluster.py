@@ -16,13 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
+from e2e.closed_loop import Load, Shape, count, stream_once
 from e2e.cluster import wait_until
 from e2e.drain_scenario import (
     HIGH,
-    Load,
     Service,
-    Shape,
-    count,
     cycles_under_load,
     pod_url,
     router_error_counters,
@@ -30,7 +28,6 @@ from e2e.drain_scenario import (
     router_workers,
     settled,
     sim_log_counters,
-    stream_once,
 )
 from pdfleet import labels
 
