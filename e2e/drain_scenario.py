@@ -381,15 +381,22 @@ def scale_and_settle(service: Service, counts: Mapping[str, int], timeout_s: flo
 def run_cycles(
     service: Service, cycles: int, timeout_s: float = 180.0,
     progress: Callable[[str], None] = lambda _: None,
-) -> list[tuple[float, float]]:  # fmt: skip
-    """`cycles` times: every pool HIGH -> LOW -> HIGH, each step settled (down_s, up_s)."""
-    timings = []
+) -> tuple[list[tuple[float, float]], str | None]:  # fmt: skip
+    """`cycles` times: every pool HIGH -> LOW -> HIGH, each step settled (down_s, up_s).
+
+    A step that does not settle in `timeout_s` ends the run early; the cycles done so far
+    and why it stopped are returned, so that what was measured is still reported."""
+    timings: list[tuple[float, float]] = []
     for i in range(cycles):
-        down = scale_and_settle(service, LOW, timeout_s)
-        up = scale_and_settle(service, HIGH, timeout_s)
+        try:
+            down = scale_and_settle(service, LOW, timeout_s)
+            up = scale_and_settle(service, HIGH, timeout_s)
+        except TimeoutError as error:
+            progress(f"stopped after {i} cycles: {error}")
+            return timings, str(error)
         timings.append((down, up))
         progress(f"cycle {i + 1}/{cycles}: down {down:.1f}s, up {up:.1f}s")
-    return timings
+    return timings, None
 
 
 @dataclass
@@ -400,11 +407,13 @@ class CycleReport:
     sim: dict[str, int]
     router_errors: dict[str, float]
     timings: list[tuple[float, float]] = field(default_factory=list)
+    stopped: str | None = None  # why the run ended before its last cycle
 
     def figures(self) -> dict[str, Any]:
         longest = max((r.ended - r.started for r in self.results), default=0.0)
         return {
-            "cycles": self.cycles,
+            "cycles": len(self.timings),
+            "stopped": self.stopped,
             "sent": len(self.results),
             "ok": count(self.results, "ok"),
             "failed": count(self.results, "failed"),
@@ -432,7 +441,7 @@ def cycles_under_load(
     try:
         with Load(service.router(), clients=clients) as load:
             time.sleep(3.0)
-            timings = run_cycles(service, cycles, progress=progress)
+            timings, stopped = run_cycles(service, cycles, progress=progress)
             time.sleep(2.0)
     finally:
         recorder.stop()
@@ -445,6 +454,7 @@ def cycles_under_load(
         sim=sim_log_counters(service.log_dir, service.namespace),
         router_errors=router_error_counters(service.router_ip()),
         timings=timings,
+        stopped=stopped,
     )
 
 

@@ -58,6 +58,7 @@ def test_scale_cycles_under_load_lose_nothing(service: Service) -> None:
     report = cycles_under_load(service, CYCLES, progress=print)
     figures = report.figures()
     print(json.dumps(figures))
+    assert report.stopped is None, report.stopped
     for drain in report.drains:
         print(f"  drain {drain.pod}: {drain.duration_s:.1f}s, could hold {drain.holdable_s:.2f}s")
     assert_nothing_lost(report.results, report.sim, report.router_errors)
