@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import random
 import re
 import statistics
 import sys
@@ -42,6 +41,7 @@ import yaml
 from kubernetes import client, config
 
 from e2e.bridge import OWNED_LABEL, Bridge, BridgeSettings
+from e2e.closed_loop import Load, Result, count
 from e2e.cluster import (
     REPO_ROOT,
     Cluster,
@@ -57,7 +57,6 @@ from e2e.operator_process import OperatorProcess, parse_metrics
 from pdfleet import labels
 
 SERVICE = "llama-8b"
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 ENGINE_PORT = 8000
 ROUTER_METRICS_PORT = 29000
 HIGH = {labels.ROLE_PREFILL: 3, labels.ROLE_DECODE: 4}
@@ -77,101 +76,6 @@ SIM_LOG_COUNTERS = {
 }
 _DRAINED = re.compile(r"^(\S+) \((\w+)\) drained in ([0-9.]+)s")
 _FORCED = re.compile(r"^(\S+) \((\w+)\) removed after ([0-9.]+)s")
-
-
-# ----- load at the client ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Result:
-    started: float  # epoch seconds (the operator's timestamps are epoch too)
-    ended: float
-    outcome: str  # ok | failed | truncated
-    detail: str = ""
-
-
-def read_stream(lines: Iterator[str], max_tokens: int) -> tuple[str, str]:
-    """(outcome, detail) of one SSE completion stream: ok only with [DONE] and every token."""
-    tokens, done = 0, False
-    for line in lines:
-        if line == "data: [DONE]":
-            done = True
-        elif line.startswith("data: "):
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                return "failed", str(chunk)[:200]
-            tokens += sum(len(c.get("text", "").split()) for c in chunk.get("choices", ()))
-    outcome = "ok" if done and tokens == max_tokens else "truncated"
-    return outcome, f"{tokens}/{max_tokens} done={done}"
-
-
-def stream_once(client_: httpx.Client, url: str, prompt_tokens: int, max_tokens: int) -> Result:
-    body = {"model": MODEL, "prompt": "tok " * prompt_tokens, "max_tokens": max_tokens}
-    started = time.time()
-    lines: list[str] = []
-    try:
-        with client_.stream("POST", url, json={**body, "stream": True}) as resp:
-            if resp.status_code != 200:
-                resp.read()
-                return Result(started, time.time(), "failed", f"{resp.status_code} {resp.text}")
-            for line in resp.iter_lines():
-                lines.append(line)
-    except httpx.HTTPError as error:
-        outcome, detail = read_stream(iter(lines), max_tokens)
-        cut = "truncated" if lines else "failed"
-        return Result(started, time.time(), cut, f"{error!r} {detail}")
-    outcome, detail = read_stream(iter(lines), max_tokens)
-    return Result(started, time.time(), outcome, detail)
-
-
-@dataclass(frozen=True)
-class Shape:
-    """Request sizes, drawn uniformly: prompt tokens and max_tokens."""
-
-    prompt: tuple[int, int] = (100, 2000)
-    output: tuple[int, int] = (16, 160)
-
-
-class Load:
-    """`clients` threads streaming completions through the router until stopped (or `limit`)."""
-
-    def __init__(self, router: str, clients: int = 4, shape: Shape = Shape(), limit: int = 100_000):
-        self.url = f"{router}/v1/completions"
-        self.shape, self.limit = shape, limit
-        self.results: list[Result] = []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)
-        ]
-
-    def _run(self, seed: int) -> None:
-        rng = random.Random(seed)
-        with httpx.Client(timeout=httpx.Timeout(60.0, connect=2.0)) as http:
-            while not self._stop.is_set() and len(self.results) < self.limit:
-                result = stream_once(
-                    http, self.url, rng.randint(*self.shape.prompt), rng.randint(*self.shape.output)
-                )
-                with self._lock:
-                    self.results.append(result)
-
-    def __enter__(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(90)
-
-    def snapshot(self) -> list[Result]:
-        with self._lock:
-            return list(self.results)
-
-
-def count(results: Sequence[Result], outcome: str) -> int:
-    return sum(1 for r in results if r.outcome == outcome)
 
 
 # ----- the service on the cluster --------------------------------------------------------------
@@ -477,15 +381,22 @@ def scale_and_settle(service: Service, counts: Mapping[str, int], timeout_s: flo
 def run_cycles(
     service: Service, cycles: int, timeout_s: float = 180.0,
     progress: Callable[[str], None] = lambda _: None,
-) -> list[tuple[float, float]]:  # fmt: skip
-    """`cycles` times: every pool HIGH -> LOW -> HIGH, each step settled (down_s, up_s)."""
-    timings = []
+) -> tuple[list[tuple[float, float]], str | None]:  # fmt: skip
+    """`cycles` times: every pool HIGH -> LOW -> HIGH, each step settled (down_s, up_s).
+
+    A step that does not settle in `timeout_s` ends the run early; the cycles done so far
+    and why it stopped are returned, so that what was measured is still reported."""
+    timings: list[tuple[float, float]] = []
     for i in range(cycles):
-        down = scale_and_settle(service, LOW, timeout_s)
-        up = scale_and_settle(service, HIGH, timeout_s)
+        try:
+            down = scale_and_settle(service, LOW, timeout_s)
+            up = scale_and_settle(service, HIGH, timeout_s)
+        except TimeoutError as error:
+            progress(f"stopped after {i} cycles: {error}")
+            return timings, str(error)
         timings.append((down, up))
         progress(f"cycle {i + 1}/{cycles}: down {down:.1f}s, up {up:.1f}s")
-    return timings
+    return timings, None
 
 
 @dataclass
@@ -496,11 +407,13 @@ class CycleReport:
     sim: dict[str, int]
     router_errors: dict[str, float]
     timings: list[tuple[float, float]] = field(default_factory=list)
+    stopped: str | None = None  # why the run ended before its last cycle
 
     def figures(self) -> dict[str, Any]:
         longest = max((r.ended - r.started for r in self.results), default=0.0)
         return {
-            "cycles": self.cycles,
+            "cycles": len(self.timings),
+            "stopped": self.stopped,
             "sent": len(self.results),
             "ok": count(self.results, "ok"),
             "failed": count(self.results, "failed"),
@@ -528,7 +441,7 @@ def cycles_under_load(
     try:
         with Load(service.router(), clients=clients) as load:
             time.sleep(3.0)
-            timings = run_cycles(service, cycles, progress=progress)
+            timings, stopped = run_cycles(service, cycles, progress=progress)
             time.sleep(2.0)
     finally:
         recorder.stop()
@@ -541,6 +454,7 @@ def cycles_under_load(
         sim=sim_log_counters(service.log_dir, service.namespace),
         router_errors=router_error_counters(service.router_ip()),
         timings=timings,
+        stopped=stopped,
     )
 
 

@@ -16,13 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
+from e2e.closed_loop import Load, Shape, count, stream_once
 from e2e.cluster import wait_until
 from e2e.drain_scenario import (
     HIGH,
-    Load,
     Service,
-    Shape,
-    count,
     cycles_under_load,
     pod_url,
     router_error_counters,
@@ -30,7 +28,6 @@ from e2e.drain_scenario import (
     router_workers,
     settled,
     sim_log_counters,
-    stream_once,
 )
 from pdfleet import labels
 
@@ -61,6 +58,7 @@ def test_scale_cycles_under_load_lose_nothing(service: Service) -> None:
     report = cycles_under_load(service, CYCLES, progress=print)
     figures = report.figures()
     print(json.dumps(figures))
+    assert report.stopped is None, report.stopped
     for drain in report.drains:
         print(f"  drain {drain.pod}: {drain.duration_s:.1f}s, could hold {drain.holdable_s:.2f}s")
     assert_nothing_lost(report.results, report.sim, report.router_errors)

@@ -13,11 +13,9 @@ local cluster, where the router's Kubernetes discovery is in play (docs/drain.md
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -28,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
+from e2e.closed_loop import Load, Shape
 from pdfleet import labels
 from pdfleet.drain.executor import execute
 from pdfleet.drain.io import RouterFleet, RouterReplica, read_loads
@@ -98,76 +97,10 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
 # ----- load ---------------------------------------------------------------------------------
 
 
-@dataclass
-class Result:
-    started: float
-    ended: float
-    outcome: str  # ok | failed | truncated
-    detail: str = ""
-
-
-def _one_stream(client: httpx.Client, router: str, rng: random.Random) -> Result:
-    max_tokens = rng.randint(40, 240)
-    body = {
-        "model": "sim-model",
-        "prompt": "tok " * rng.randint(200, 4000),
-        "max_tokens": max_tokens,
-        "stream": True,
-    }
-    started = time.monotonic()
-    tokens, done = 0, False
-    try:
-        with client.stream("POST", f"{router}/v1/completions", json=body) as resp:
-            if resp.status_code != 200:
-                return Result(started, time.monotonic(), "failed", f"{resp.status_code}")
-            for line in resp.iter_lines():
-                if line == "data: [DONE]":
-                    done = True
-                elif line.startswith("data: "):
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        return Result(started, time.monotonic(), "failed", str(chunk)[:200])
-                    tokens += len(chunk["choices"][0]["text"].split())
-    except httpx.HTTPError as error:
-        return Result(started, time.monotonic(), "truncated" if tokens else "failed", repr(error))
-    outcome = "ok" if done and tokens == max_tokens else "truncated"
-    return Result(started, time.monotonic(), outcome, f"{tokens}/{max_tokens} done={done}")
-
-
-class Load:
-    """`clients` threads sending streaming requests, alternating routers, until stopped."""
-
-    def __init__(self, routers: list[str], clients: int = 4, limit: int = 2000):
-        self.routers, self.limit = routers, limit
-        self.results: list[Result] = []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)
-        ]
-
-    def _run(self, i: int) -> None:
-        rng = random.Random(i)
-        with httpx.Client(timeout=httpx.Timeout(30.0, connect=2.0)) as client:
-            n = 0
-            while not self._stop.is_set() and len(self.results) < self.limit:
-                result = _one_stream(client, self.routers[(i + n) % len(self.routers)], rng)
-                n += 1
-                with self._lock:
-                    self.results.append(result)
-
-    def __enter__(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(60)
-
-    def count(self, outcome: str) -> int:
-        return sum(1 for r in self.results if r.outcome == outcome)
+def sim_load(routers: list[str], clients: int, limit: int = 2000) -> Load:
+    """Streams to the sims (their model name), as long as the drain must hold."""
+    shape = Shape(prompt=(200, 4000), output=(40, 240))
+    return Load(routers, clients, shape, limit, model="sim-model", timeout_s=30.0)
 
 
 # ----- a stand-in for the Kubernetes side -----------------------------------------------------
@@ -266,7 +199,7 @@ def test_admin_client_removes_confirms_and_sums_gauges(fleet: Fleet) -> None:
             router_fleet.deregister(d.url)
         for replica in fleet.routers:
             assert fleet.decodes[1].url not in router_fleet.workers(replica)
-        with Load([r.admin_url for r in fleet.routers], clients=2, limit=2) as load:
+        with sim_load([r.admin_url for r in fleet.routers], clients=2, limit=2) as load:
             deadline = time.monotonic() + 10
             best = 0.0
             while time.monotonic() < deadline and best < 2:
@@ -290,7 +223,7 @@ def test_drain_under_streaming_load_loses_nothing(fleet: Fleet) -> None:
     decode_pods = SimPods(fleet, labels.ROLE_DECODE, fleet.decodes)
     prefill_pods = SimPods(fleet, labels.ROLE_PREFILL, fleet.prefills)
     durations: dict[str, float] = {}
-    with Load(routers, clients=4) as load:
+    with sim_load(routers, clients=4) as load:
         time.sleep(3.0)
         durations["decode 3->1"] = drain(fleet, decode_pods, desired=1)
         time.sleep(1.0)
@@ -331,7 +264,7 @@ def test_drain_under_streaming_load_loses_nothing(fleet: Fleet) -> None:
 
 def test_removal_without_drain_is_seen_as_lost_requests(fleet: Fleet) -> None:
     """The control: the same load and stop, no drain. The test above would catch a loss."""
-    with Load([r.admin_url for r in fleet.routers], clients=4) as load:
+    with sim_load([r.admin_url for r in fleet.routers], clients=4) as load:
         time.sleep(2.0)
         fleet.decodes[2].signal(signal.SIGTERM)
         fleet.decodes[2].popen.wait(10)

@@ -91,6 +91,28 @@ def test_policy_config_from_spec() -> None:
     assert (config.scale_up_stabilization_s, config.scale_down_stabilization_s) == (60.0, 300.0)
 
 
+def test_capacity_hints_become_priors() -> None:
+    plain = policy_config(_isvc())
+    assert (plain.prefill_capacity_prior, plain.decode_capacity_prior) == (None, None)
+    hinted = InferenceService.model_validate(
+        merge_patch(
+            _body(),
+            {
+                "spec": {
+                    "autoscaling": {
+                        "capacityHint": {
+                            "prefillPromptTokensPerSecond": 30000,
+                            "decodeGeneratedTokensPerSecond": 9000,
+                        }
+                    }
+                }
+            },
+        )
+    )
+    config = policy_config(hinted)
+    assert (config.prefill_capacity_prior, config.decode_capacity_prior) == (30000.0, 9000.0)
+
+
 def test_policy_memory_follows_the_scale_down_window() -> None:
     defaults = PolicyConfig(ttft_target_s=1.0, itl_target_s=0.02)
     config = policy_config(_isvc())  # scaleDownStabilization 300s, workerStartup 120s

@@ -382,3 +382,52 @@ def test_trend(name: str, history: list[Decision], want: float) -> None:
     d = decide(CFG, NOW, rr(2), rr(1), window(peaky(60_000, 60_000)), history)
     forecast = float(d.reasons[0].split("forecast ")[1].split(")")[0])
     assert forecast - 60_000 == pytest.approx(want, abs=1.0), (name, d.reasons[0])
+
+
+NO_PRIOR = replace(CFG, prefill_capacity_prior=None, decode_capacity_prior=None)
+
+
+def _run_windows(
+    cfg: PolicyConfig, prefill_windows: list[RoleMetrics], start: tuple[int, int]
+) -> list[Decision]:
+    """Feed 15 s apart windows through decide(), applying each decision as if it were ready."""
+    history: list[Decision] = []
+    p, d = start
+    for i, pm in enumerate(prefill_windows):
+        at = NOW + 15 * i
+        dec = decide(cfg, at, rr(p), rr(d), window(pm, at=at), tuple(history))
+        history.append(dec)
+        p, d = dec.prefill, dec.decode
+    return history
+
+
+def test_prefill_without_prior_does_not_grow_on_light_load() -> None:
+    # the first windows only say one replica held the target at 500 tokens/s: no limit seen,
+    # so nothing suggests a second replica (it used to plan for 90 % of the load just seen)
+    history = _run_windows(NO_PRIOR, [role(prompt=500, ttft=0.03)] * 8, (1, 1))
+    assert [h.prefill for h in history] == [1] * 8, [h.reasons for h in history]
+
+
+def test_prefill_without_prior_grows_on_violation_then_sizes_on_the_bracket() -> None:
+    history = _run_windows(
+        NO_PRIOR, [role(prompt=20_000, ttft=0.1)] * 3 + [role(prompt=40_000, ttft=3.0)], (1, 1)
+    )
+    assert [h.prefill for h in history[:3]] == [1, 1, 1], [h.reasons for h in history]
+    # the violation at 40k bounds the engine: capacity-based sizing (with the backlog)
+    assert history[-1].prefill >= 2
+    assert "capacity unknown" not in history[-1].reasons[0], history[-1].reasons
+
+
+def test_prefill_without_prior_shrinks_only_to_what_has_held() -> None:
+    # four replicas, each seen holding 10k; at 12k in all two replicas carry it with evidence
+    # (a short burst memory, so that the 40k minute does not keep all four)
+    cfg = replace(
+        NO_PRIOR,
+        scale_down_stabilization_s=30,
+        scale_down_period_s=15,
+        burst_memory_half_life_s=15,
+    )
+    windows = [role(prompt=40_000, ttft=0.1)] * 4 + [role(prompt=12_000, ttft=0.1)] * 12
+    history = _run_windows(cfg, windows, (4, 1))
+    assert min(h.recommended_prefill for h in history) == 2, [h.reasons for h in history]
+    assert history[-1].prefill == 2

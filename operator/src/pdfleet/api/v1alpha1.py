@@ -530,6 +530,29 @@ class PrometheusSpec(ApiModel):
     )
 
 
+class CapacityHintSpec(ApiModel):
+    """What one replica of each role sustains at the SLO targets, from a profile or a benchmark.
+
+    Optional: without it the autoscaler grows on SLO violations until it has seen where a
+    replica saturates; with it, it sizes ahead of the first violation. Either way it keeps
+    correcting the figures online (docs/autoscaling.md)."""
+
+    prefill_prompt_tokens_per_second: int | None = Field(
+        None,
+        ge=1,
+        le=100_000_000,
+        description="Prompt tokens per second one prefill replica processes within the TTFT "
+        "target.",
+    )
+    decode_generated_tokens_per_second: int | None = Field(
+        None,
+        ge=1,
+        le=100_000_000,
+        description="Generated tokens per second one decode replica produces within the ITL "
+        "target.",
+    )
+
+
 class AutoscalingSpec(ApiModel):
     """SLO-driven autoscaling of both pools inside a GPU budget.
 
@@ -575,6 +598,9 @@ class AutoscalingSpec(ApiModel):
         "120s",
         description="How long a new worker takes to serve (pull, load weights, warm up): the "
         "autoscaler sizes for the load expected by the time new workers are ready.",
+    )
+    capacity_hint: CapacityHintSpec | None = Field(
+        None, description="Starting per-replica capacities; learned online when absent."
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from pdfleet import labels, metrics
 from pdfleet.api.types import format_duration, parse_duration
-from pdfleet.api.v1alpha1 import InferenceService
+from pdfleet.api.v1alpha1 import CapacityHintSpec, InferenceService
 from pdfleet.autoscale.policy import (
     Decision,
     MetricsWindow,
@@ -74,8 +74,21 @@ def policy_config(isvc: InferenceService, kv_transfer_s: float = 0.0) -> PolicyC
         scale_down_stabilization_s=parse_duration(auto.scale_down_stabilization),
         max_scale_up_step=auto.max_scale_up_step,
         max_scale_down_step=auto.max_scale_down_step,
+        prefill_capacity_prior=_hint(auto.capacity_hint, "prefill"),
+        decode_capacity_prior=_hint(auto.capacity_hint, "decode"),
         kv_transfer_s=kv_transfer_s,
     )
+
+
+def _hint(hint: CapacityHintSpec | None, role: str) -> float | None:
+    if hint is None:
+        return None
+    value = (
+        hint.prefill_prompt_tokens_per_second
+        if role == "prefill"
+        else hint.decode_generated_tokens_per_second
+    )
+    return float(value) if value is not None else None
 
 
 def measured_kv_transfer_s(status: Mapping[str, Any] | None) -> float:

@@ -26,6 +26,8 @@ from dataclasses import dataclass, replace
 
 # Below this relative spread of the observed loads the slope is noise, not signal.
 _MIN_RELATIVE_SPREAD = 0.05
+# A fitted 1/latency that moves less than this share across the loads seen is flat.
+_MIN_RELATIVE_RISE = 0.01
 # A fit may move the capacity at most this factor away from the largest load seen meeting the
 # target (or the prior, when larger); extrapolating a line further than that is guessing.
 _MAX_EXTRAPOLATION = 3.0
@@ -111,7 +113,8 @@ def fitted(state: RoleCapacity, target: float) -> float | None:
     if mx <= 0 or var_x <= (_MIN_RELATIVE_SPREAD * mx) ** 2:
         return None
     slope = (state.sum_xz / state.weight - mx * mz) / var_x
-    if slope >= 0:  # latency not rising with load: no evidence of a limit yet
+    # latency not rising with load (by more than rounding over the loads seen): no limit yet
+    if slope * math.sqrt(var_x) > -_MIN_RELATIVE_RISE * mz:
         return None
     intercept = mz - slope * mx
     if intercept <= 1.0 / target:  # even an idle replica would miss the target
@@ -215,6 +218,15 @@ def observe_bracket(
     if probe is not None and bound is not None and probe > bound:  # no wind-up above the cap
         new = replace(new, probe=bound)
     return new
+
+
+def bracket_bounded(state: Bracket, prior: float | None) -> bool:
+    """True when something says where the engine saturates: a prior or a violation under load.
+
+    Without either, `held` is only a lower bound (the pool met the target at that load), and
+    planning for a share of it would call any pool full: the policy then stays on feedback.
+    """
+    return prior is not None or math.isfinite(state.broke)
 
 
 def bracket_capacity(state: Bracket, prior: float | None) -> float | None:

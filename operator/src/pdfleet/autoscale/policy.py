@@ -349,10 +349,14 @@ def recommend(
     """
     violating = view.latency > view.target
     if capacity is None:
-        # Feedback-only until the capacity is known: +1 on violation, -1 when far below.
+        # Feedback-only until the capacity is known: +1 on violation; down to what a load per
+        # replica seen holding the target (`down_limit`) says suffices, else -1 when far below.
         if violating:
             return max(current, ready + 1), f"{role}: over target, capacity unknown"
-        if view.latency < 0.5 * view.target and view.waiting == 0:
+        if down_limit is not None and view.waiting == 0:
+            n = min(current, max(1, math.ceil(view.peak / down_limit - 1e-9)))
+            return n, f"{role}: capacity unknown, {down_limit:.0f}/s per replica has held -> {n}"
+        if down_limit is None and view.latency < 0.5 * view.target and view.waiting == 0:
             return current - 1, f"{role}: well under target, capacity unknown"
         return current, f"{role}: capacity unknown, holding"
     load = forecast(role, view, capacity, ready, slope, config)
@@ -571,6 +575,21 @@ def _learn(
     return out
 
 
+def _prefill_capacity(config: PolicyConfig, learned: Capacity, target: float) -> float | None:
+    """The saturation bracket once something bounds it (a prior or a violation under load).
+
+    Before that, the queue fit of TTFT against load, once it has a slope: a batching engine's
+    TTFT rises a little before it explodes, so the fit lands under the real limit (safe), and
+    it lets a pool without a prior grow ahead of its first violation. Else None: feedback.
+    """
+    bracket, prior = learned.prefill_bracket, config.prefill_capacity_prior
+    if cap.bracket_bounded(bracket, prior):
+        return cap.bracket_capacity(bracket, prior)
+    if cap.fitted(learned.prefill, target) is None:
+        return None
+    return cap.capacity(learned.prefill, target, None)
+
+
 def _down_limit(
     role: Role, learned: Capacity, capacity: float | None, target: float, config: PolicyConfig
 ) -> float | None:
@@ -580,6 +599,12 @@ def _down_limit(
     burst the pool has not absorbed). Decode: where the fitted ITL curve reaches
     `scale_down_latency_fraction` of the target.
     """
+    if role == "prefill" and not cap.bracket_bounded(
+        learned.prefill_bracket, config.prefill_capacity_prior
+    ):
+        # no limit seen yet (feedback, or the rough queue fit): only the load per replica
+        # seen holding the target speaks for a smaller pool
+        return learned.prefill_bracket.held or None
     if capacity is None:
         return None
     planned = capacity * config.utilization(role)
@@ -613,7 +638,7 @@ def decide(
     last_cap = history[-1].capacity if history else Capacity()
     learned = _learn(config, metrics, fleet, views, last_cap, history)
     caps: dict[Role, float | None] = {
-        "prefill": cap.bracket_capacity(learned.prefill_bracket, config.prefill_capacity_prior),
+        "prefill": _prefill_capacity(config, learned, views["prefill"].target),
         "decode": cap.capacity(learned.decode, views["decode"].target, config.prior("decode")),
     }
     recs: dict[Role, int] = {}
@@ -639,8 +664,9 @@ def decide(
             n = fleet[r].current
             why += f"; {fleet[r].pending} pending, not growing"
         c = caps[r]
-        if r == "prefill" and c and n < fleet[r].current:
-            floor = math.ceil(learned.prefill_busiest / (c * config.utilization(r)) - 1e-9)
+        per_replica = c * config.utilization(r) if c else limit
+        if r == "prefill" and per_replica and n < fleet[r].current:
+            floor = math.ceil(learned.prefill_busiest / per_replica - 1e-9)
             if floor > n:
                 n = min(fleet[r].current, floor)
                 why += f"; busiest recent burst {learned.prefill_busiest:.0f}/s needs {floor}"
