@@ -8,12 +8,13 @@ STAMP := $(VENV)/.installed
 # Everything that talks to a cluster, a router or Prometheus runs inside one private network
 # namespace: pod IPs are real there and nothing can leave the machine (docs/testinfra.md).
 NETNS := e2e/netns.sh
-INTEGRATION_TESTS := tests/integration tests/router tests/prometheus
+INTEGRATION_TESTS := tests/integration tests/router tests/prometheus tests/preflight
 E2E_TESTS := tests/e2e_bridge
 # Long scenario proofs (drain cycles, autoscaling under a load shift): their latency bounds
 # are sensitive to a loaded 2-core machine, so they run on their own, not in `make test`.
 SCENARIO_TESTS := tests/e2e_drain tests/e2e_autoscale
 DEMO_ARGS ?=
+NIXL_PIN := nixl-cu12==1.5.1
 
 .DEFAULT_GOAL := help
 
@@ -24,6 +25,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	# NIXL for the KV transport preflight tests: the wheel pulls torch, which host-memory
+	# runs do not need (the same pin as worker-image/Dockerfile).
+	$(VENV)/bin/pip install --quiet --no-deps '$(NIXL_PIN)'
 	touch $@
 
 install: $(STAMP) ## Create .venv with pdfleet and its development dependencies.

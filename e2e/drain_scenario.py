@@ -490,13 +490,11 @@ def bridge_settings(cluster: Cluster, log_dir: Path, namespace: str) -> BridgeSe
 
 
 @contextlib.contextmanager
-def deployed_service(
-    cluster: Cluster, api: Any, log_dir: Path, counts: Mapping[str, int] = HIGH
-) -> Iterator[Service]:
-    """A namespace with the InferenceService at `counts`, its pods run by a bridge and
-    reconciled by a real operator process; everything removed afterwards."""
+def operated_namespace(cluster: Cluster, api: Any, log_dir: Path, prefix: str) -> Iterator[str]:
+    """A fresh namespace whose pods a bridge runs and whose InferenceServices a real operator
+    process reconciles; deleted afterwards, its pods finalized by the bridge."""
     core = client.CoreV1Api(api)
-    namespace = f"drain-{uuid.uuid4().hex[:8]}"
+    namespace = f"{prefix}-{uuid.uuid4().hex[:8]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
     operator = OperatorProcess(
         kubeconfig=cluster.kubeconfig, log_path=log_dir / "operator.log", resync_seconds=5.0
@@ -515,14 +513,7 @@ def deployed_service(
         with Bridge(bridge_settings(cluster, log_dir, namespace)):
             operator.start().wait_healthy()
             try:
-                service = Service(api, namespace, log_dir)
-                service.custom.create_namespaced_custom_object(
-                    labels.GROUP, labels.VERSION, namespace, labels.PLURAL,
-                    service_manifest(namespace, counts),
-                )  # fmt: skip
-                wait_until(lambda: _router_up(service), 180, "router Ready")
-                wait_settled(service, counts, 240)
-                yield service
+                yield namespace
             finally:
                 operator.stop()
                 core.delete_namespace(namespace)
@@ -530,6 +521,23 @@ def deployed_service(
                 wait_until(lambda: not core.list_namespaced_pod(namespace).items, 120, "pods gone")
     finally:
         operator.stop()
+
+
+@contextlib.contextmanager
+def deployed_service(
+    cluster: Cluster, api: Any, log_dir: Path, counts: Mapping[str, int] = HIGH
+) -> Iterator[Service]:
+    """A namespace with the InferenceService at `counts`, its pods run by a bridge and
+    reconciled by a real operator process; everything removed afterwards."""
+    with operated_namespace(cluster, api, log_dir, "drain") as namespace:
+        service = Service(api, namespace, log_dir)
+        service.custom.create_namespaced_custom_object(
+            labels.GROUP, labels.VERSION, namespace, labels.PLURAL,
+            service_manifest(namespace, counts),
+        )  # fmt: skip
+        wait_until(lambda: _router_up(service), 180, "router Ready")
+        wait_settled(service, counts, 240)
+        yield service
 
 
 def _router_up(service: Service) -> bool:

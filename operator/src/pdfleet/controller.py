@@ -36,10 +36,13 @@ from pdfleet.drain.plan import (
     worker_url,
 )
 from pdfleet.kube.api import KubeWriter
+from pdfleet.preflight import io as preflight_io
+from pdfleet.preflight import plan as preflight
 from pdfleet.reconcile.observed import ChildRef, Observed, child_ref, overlay, with_marks
 from pdfleet.reconcile.plan import desired_replicas, plan
 from pdfleet.reconcile.status import (
     INSUFFICIENT_CAPACITY,
+    READY,
     compute_status,
     invalid_status,
     merge_foreign_condition,
@@ -104,6 +107,8 @@ class Controller:
         # Drains already reported (Event + metric), by service: the StatefulSet's lowered
         # count may reach the watch index a pass late, and the report must not repeat.
         self._reported: dict[tuple[str, str], dict[tuple[str, str], float]] = {}
+        # The last KV transport preflight per service: (fingerprint, monotonic time).
+        self._preflight_tried: dict[tuple[str, str], tuple[str, float]] = {}
 
     def _remember(self, key: tuple[str, str], ref: ChildRef) -> None:
         expires = time.monotonic() + RECENT_WRITE_S
@@ -154,6 +159,7 @@ class Controller:
             self._written.pop((namespace, name), None)
             self._status_written.pop((namespace, name), None)
             self._marks.pop((namespace, name), None)
+            self._preflight_tried.pop((namespace, name), None)
 
     def reconcile(self, body: Mapping[str, Any], observed: Observed) -> PassResult:
         meta = body.get("metadata") or {}
@@ -222,9 +228,11 @@ class Controller:
                 c["message"] for c in new["conditions"] if c["type"] == INSUFFICIENT_CAPACITY
             )
             self.writer.event(body, "InsufficientCapacity", message, "Warning")
+        new, preflight_after = self._preflight(body, isvc, observed, new, now)
         metrics.export_status(namespace, name, new)
         result = self._write_status(body, original, new)
-        requeue = min((t for t in (requeue, autoscale_after) if t is not None), default=None)
+        pending = (requeue, autoscale_after, preflight_after)
+        requeue = min((t for t in pending if t is not None), default=None)
         return PassResult(writes, len(child_plan.delete), result.status_written, requeue)
 
     def _autoscale(
@@ -254,6 +262,57 @@ class Controller:
         for type_, reason, message in outcome.events:
             self.writer.event(body, reason, message, type_)
         return status
+
+    def _preflight(
+        self,
+        body: Mapping[str, Any],
+        isvc: InferenceService,
+        observed: Observed,
+        status: dict[str, Any],
+        now: datetime,
+    ) -> tuple[dict[str, Any], float | None]:
+        """status.kvTransport and KVTransportReady after a KV transport preflight, when one is
+        due (pdfleet.preflight.plan); and when to come back to retry a run that failed.
+
+        The run is one HTTP call to a decode pod, which READs from a prefill pod over NIXL and
+        answers within seconds; it happens once per kvTransfer spec, so it is made inline."""
+        record = status.get("kvTransport")
+        if not isvc.spec.kv_transfer.preflight.enabled:
+            return preflight.cleared(status), None
+        key = (str(isvc.metadata.namespace), str(isvc.metadata.name))
+        fingerprint = preflight.fingerprint(isvc)
+        tried = self._preflight_tried.get(key)
+        since = time.monotonic() - tried[1] if tried and tried[0] == fingerprint else None
+        ready = _condition_status(status, READY) == "True"
+        pair = preflight.pick_pair(observed)
+        if pair is None or not preflight.due(isvc, ready, record, since):
+            failed = bool(record and record.get("error"))
+            return status, preflight.RETRY_S if failed else None
+        self._preflight_tried[key] = (fingerprint, time.monotonic())
+        prefill, decode = pair
+        assert decode.pod_ip is not None
+        port = isvc.spec.kv_transfer.preflight.port
+        url = preflight.listener_url(decode.pod_ip, port) + "/preflight/run"
+        result = preflight_io.run(url, preflight.request(isvc, prefill), preflight.RUN_TIMEOUT_S)
+        verdict = preflight.verdict(isvc, result, pair)
+        new_record = preflight.record(isvc, result, pair, now)
+        if preflight.same_outcome(record, new_record):
+            return status, preflight.RETRY_S if new_record["error"] else None
+        if preflight.news(status, record, new_record, verdict):
+            kind = "Normal" if verdict.status else "Warning"
+            self.writer.event(body, f"KVTransport{verdict.reason}", verdict.message, kind)
+        log.info(
+            "%s/%s KV transport preflight: %s %s",
+            isvc.metadata.namespace,
+            isvc.metadata.name,
+            verdict.reason,
+            verdict.message,
+        )
+        conditions = merge_foreign_condition(
+            status["conditions"], verdict.condition, isvc.metadata.generation, now
+        )
+        new = {**status, "kvTransport": new_record, "conditions": conditions}
+        return new, preflight.RETRY_S if new_record["error"] else None
 
     def _drain(
         self,

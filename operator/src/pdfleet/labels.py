@@ -36,3 +36,5 @@ DRAINING = f"{GROUP}/draining"
 MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"
 # A checksum of the worker configuration, so a config change rolls the pods.
 CONFIG_HASH = f"{GROUP}/config-hash"
+# Change its value on an InferenceService to run the KV transport preflight again.
+PREFLIGHT_RERUN = f"{GROUP}/kv-preflight"

@@ -202,3 +202,12 @@ def test_no_autoscaling_no_metrics_queries() -> None:
     body = merge_patch(_body(), {"spec": {"autoscaling": {"enabled": False}}})
     controller.reconcile(body, _observed(_isvc()))
     assert source.calls == 0
+
+
+def test_the_measured_kv_transfer_time_feeds_the_policy() -> None:
+    from pdfleet.autoscale.actuator import measured_kv_transfer_s
+
+    assert measured_kv_transfer_s(None) == 0.0
+    assert measured_kv_transfer_s({"kvTransport": {"expectedTransferSeconds": 0.52}}) == 0.52
+    failed = {"kvTransport": {"expectedTransferSeconds": None, "error": "refused"}}
+    assert measured_kv_transfer_s(failed) == 0.0

@@ -156,6 +156,13 @@ def test_violation_feedback(name: str, ready: int, want: int) -> None:
     assert d.prefill == want, (name, d.reasons)
 
 
+def test_measured_kv_transfer_time_is_the_floor_of_the_decode_share() -> None:
+    m = window(prefill=role(ttft=0.7, prompt=30_000))  # under 1 s minus decode's 0.01 s
+    plain = decide(CFG, NOW, rr(3), rr(1), m)
+    slow_link = decide(replace(CFG, kv_transfer_s=0.4), NOW, rr(3), rr(1), m)
+    assert slow_link.prefill > plain.prefill, slow_link.reasons
+
+
 def test_violating_role_never_scales_down() -> None:
     m = window(prefill=role(ttft=1.5, prompt=1_000))
     d = decide(CFG, NOW, rr(4), rr(1), m)

@@ -3,20 +3,28 @@
 Where it fits: the image's ENTRYPOINT is `pdfleet-agent launch` (exec vLLM with the command
 built from PDFLEET_* env), the pod's preStop is `pdfleet-agent prestop` and its readiness
 probe `pdfleet-agent ready`. `pdfleet-agent command` prints the command for debugging.
+With PDFLEET_PREFLIGHT_PORT set, `launch` first starts the KV transport preflight listener
+(`pdfleet-agent preflight-serve`) beside the engine; `pdfleet-agent preflight --peer URL`
+runs one measurement against a prefill pod by hand (docs/kv-preflight.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pdfleet_worker import drain, launcher
 
 _WILDCARD = {"", "0.0.0.0", "::", "[::]"}
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def base_url(env: Mapping[str, str]) -> str:
@@ -53,8 +61,64 @@ def cmd_launch(env: Mapping[str, str]) -> int:
     path = _drain_file(env)
     if drain.is_draining(path):
         os.remove(path)
+    if env.get("PDFLEET_PREFLIGHT_PORT", "").strip():
+        start_preflight_listener(env)
     sys.stdout.flush()
     os.execve(exe, argv, child_env)  # replaces this process; signals go straight to vLLM
+
+
+def _die_with_parent() -> None:
+    """Runs in the listener's child between fork and exec: SIGTERM it when its parent (the
+    engine, after the exec below) exits, so the listener never outlives the container's
+    main process."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def start_preflight_listener(env: Mapping[str, str]) -> None:
+    """Start the listener as a child that the engine inherits: it runs in the same container
+    (same GPUs, RDMA devices, capabilities, UCX env) and costs nothing until asked to measure.
+    The engine stays the container's main process and gets the signals."""
+    exe = shutil.which("pdfleet-agent", path=env.get("PATH")) or "pdfleet-agent"
+    subprocess.Popen(
+        [exe, "preflight-serve"],
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        preexec_fn=_die_with_parent,
+    )
+
+
+def cmd_preflight(env: Mapping[str, str], args: argparse.Namespace) -> int:
+    from pdfleet_worker.preflight import plan, transfer
+
+    request = transfer.Request(
+        peer=args.peer.rstrip("/"),
+        tokens=args.tokens,
+        block_size=args.block_size,
+        geometry=plan.KVGeometry(args.layers, args.kv_heads, args.head_dim, args.dtype_bytes),
+        tp=args.tp,
+        iterations=args.iterations,
+        memory=args.memory,
+        timeout_s=args.timeout,
+    )
+    result = transfer.run(request, env)
+    print(json.dumps(result.to_json(), indent=2))
+    return 0 if result.ok else 1
+
+
+def _preflight_parser(sub: Any) -> None:
+    pre = sub.add_parser("preflight", help="READ a prefill pod's offer over NIXL and report")
+    pre.add_argument("--peer", required=True, help="the prefill pod's listener, http://IP:5590")
+    pre.add_argument("--tokens", type=int, default=4096, help="prompt length to move")
+    pre.add_argument("--block-size", type=int, default=16, help="vLLM KV block size")
+    pre.add_argument("--layers", type=int, default=32)
+    pre.add_argument("--kv-heads", type=int, default=8)
+    pre.add_argument("--head-dim", type=int, default=128)
+    pre.add_argument("--dtype-bytes", type=int, default=2)
+    pre.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the prefill")
+    pre.add_argument("--iterations", type=int, default=5)
+    pre.add_argument("--memory", choices=["DRAM", "VRAM"], default=None)
+    pre.add_argument("--timeout", type=float, default=120.0)
+    sub.add_parser("preflight-serve", help="the preflight listener (started by launch)")
 
 
 def cmd_prestop(env: Mapping[str, str], interval_s: float) -> int:
@@ -88,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     pre = sub.add_parser("prestop", help="mark draining, wait for in-flight requests")
     pre.add_argument("--interval", type=float, default=1.0, help="poll interval, seconds")
     sub.add_parser("ready", help="readiness probe: exit 0 when ready")
+    _preflight_parser(sub)
     args = p.parse_args(argv)
     env = dict(os.environ)
     try:
@@ -103,6 +168,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             sys.exit(0)
         if args.cmd == "prestop":
             sys.exit(cmd_prestop(env, args.interval))
+        if args.cmd == "preflight":
+            sys.exit(cmd_preflight(env, args))
+        if args.cmd == "preflight-serve":
+            from pdfleet_worker.preflight import server
+
+            server.serve(env)
+            sys.exit(0)
         sys.exit(cmd_ready(env))
     except launcher.LaunchConfigError as err:
         print(f"pdfleet-agent: {err}", file=sys.stderr)

@@ -183,7 +183,7 @@ class FabricSpec(ApiModel):
 
     __rules__ = (
         Rule(
-            cel="size(self.networks) == 0 || has(self.rdmaResource)",
+            cel="!has(self.networks) || size(self.networks) == 0 || has(self.rdmaResource)",
             message="networks need rdmaResource: a Multus RDMA network is only usable with "
             "the matching device plugin resource",
             field=".rdmaResource",
@@ -214,8 +214,75 @@ class FabricSpec(ApiModel):
     ucx: UCXSpec | None = Field(None, description="UCX settings for the transfer backend.")
 
 
+class KVGeometry(ApiModel):
+    """What one token of the model's KV cache is made of (its config.json: num_hidden_layers,
+    num_key_value_heads, head_dim, torch_dtype or the KV cache dtype). The defaults are
+    Llama-3.1-8B's: 2 x 32 x 8 x 128 x 2 bytes = 128 KiB per token."""
+
+    layers: int = Field(32, ge=1, le=1024, description="Transformer layers (num_hidden_layers).")
+    kv_heads: int = Field(
+        8, ge=1, le=1024, description="KV heads (num_key_value_heads; attention heads for MHA)."
+    )
+    head_dim: int = Field(128, ge=1, le=4096, description="Size of one attention head.")
+    dtype: Literal["bfloat16", "float16", "float8"] = Field(
+        "bfloat16", description="KV cache dtype (float8 with --kv-cache-dtype fp8)."
+    )
+
+
+class PreflightSpec(ApiModel):
+    """The KV transport preflight: when the pools first become ready, and after
+    kvTransfer changes, a decode pod READs a prompt-sized KV payload from a prefill pod over
+    NIXL; the KVTransportReady condition reports the transport, bandwidth and the KV transfer
+    time of a typical prompt (docs/kv-preflight.md)."""
+
+    enabled: bool = Field(True, description="Run the preflight and report KVTransportReady.")
+    port: PortNumber = Field(
+        5590, description="Port of the preflight listener the agent runs in every worker pod."
+    )
+    prompt_tokens: int = Field(
+        4096,
+        ge=16,
+        le=1_000_000,
+        description="Typical prompt length: the payload moved, and the prompt whose expected "
+        "KV transfer time is reported.",
+    )
+    block_size: int = Field(
+        16,
+        ge=1,
+        le=4096,
+        description="vLLM's KV block size (--block-size): one READ descriptor per block, K and "
+        "V of each layer apart, as the NixlConnector reads them.",
+    )
+    iterations: int = Field(5, ge=1, le=100, description="Timed READs of the whole payload.")
+    min_bandwidth_gbps: float | None = Field(
+        None,
+        gt=0,
+        le=100_000,
+        description="Warn (KVTransportReady=False, LowBandwidth, and an Event) when the "
+        "measured bandwidth in GB/s is below this. Unset: only a TCP fallback warns.",
+    )
+    geometry: KVGeometry = Field(
+        default_factory=KVGeometry,
+        json_schema_extra=EMPTY_OBJECT,
+        description="The model's KV cache geometry, which sizes the payload.",
+    )
+
+
 class KVTransferSpec(ApiModel):
     """How decode workers pull the KV cache from prefill workers (vLLM's NixlConnector)."""
+
+    __rules__ = (
+        Rule(
+            # has(): the API server also checks this rule against the CRD's default ({}).
+            cel="!has(self.preflight) || !has(self.preflight.port) || "
+            "!has(self.sideChannelPort) || self.preflight.port < self.sideChannelPort || "
+            "self.preflight.port >= self.sideChannelPort + 64",
+            message="preflight.port must lie outside the side-channel ports (sideChannelPort "
+            "up to sideChannelPort + 63, one per data-parallel rank)",
+            field=".preflight.port",
+            check=lambda k: not 0 <= k.preflight.port - k.side_channel_port < 64,
+        ),
+    )
 
     connector: Literal["NixlConnector", "NixlPullConnector", "NixlPushConnector"] = Field(
         "NixlConnector", description="vLLM KV connector (kv_transfer_config.kv_connector)."
@@ -242,6 +309,11 @@ class KVTransferSpec(ApiModel):
     )
     fabric: FabricSpec | None = Field(
         None, description="The RDMA fabric; unset means the pod network (TCP) only."
+    )
+    preflight: PreflightSpec = Field(
+        default_factory=PreflightSpec,
+        json_schema_extra=EMPTY_OBJECT,
+        description="Measure the KV transport between the pools before trusting it.",
     )
 
 
@@ -593,6 +665,14 @@ class InferenceServiceSpec(ApiModel):
                 <= s.autoscaling.gpu_budget
             ),
         ),
+        Rule(
+            cel="!has(self.kvTransfer) || !has(self.kvTransfer.preflight) || "
+            "!has(self.kvTransfer.preflight.port) || !has(self.engine.port) || "
+            "self.kvTransfer.preflight.port != self.engine.port",
+            message="kvTransfer.preflight.port must differ from engine.port",
+            field=".kvTransfer.preflight.port",
+            check=lambda s: s.kv_transfer.preflight.port != s.engine.port,
+        ),
     )
 
     model: ModelSpec = Field(description="The model to serve.")
@@ -682,6 +762,30 @@ class AutoscalerStatus(ApiModel):
     last_scale_down_time: str | None = Field(None, description="Last scale-down of either pool.")
 
 
+class KVTransportStatus(ApiModel):
+    """The latest KV transport preflight (the KVTransportReady condition says the verdict)."""
+
+    fingerprint: str = Field("", description="Of the kvTransfer spec the run measured.")
+    measured_time: str | None = Field(None, description="When it ran (RFC 3339).")
+    prefill_pod: str = Field("", description="The prefill pod read from.")
+    decode_pod: str = Field("", description="The decode pod that read.")
+    transport: str = Field(
+        "", description="UCX transport of the reads, e.g. rc_mlx5/mlx5_0:1 or tcp/eth0."
+    )
+    transport_kind: str = Field(
+        "", description="rdma, cuda_ipc, cuda_copy, shm, tcp, self or unknown."
+    )
+    memory: str = Field("", description="DRAM (host memory) or VRAM (GPU memory).")
+    bandwidth_gbps: float | None = Field(None, description="Measured bandwidth, GB/s.")
+    latency_ms: float | None = Field(None, description="Median time of a one-block READ.")
+    payload_bytes: int = Field(0, description="Bytes moved per timed READ.")
+    expected_transfer_seconds: float | None = Field(
+        None, description="Expected KV transfer time of a preflight.promptTokens prompt."
+    )
+    verified: bool = Field(False, description="The data read matched what was written.")
+    error: str = Field("", description="Why the run failed, when it did.")
+
+
 class InferenceServiceStatus(ApiModel):
     """Observed state, written by the operator once per reconcile pass."""
 
@@ -697,6 +801,9 @@ class InferenceServiceStatus(ApiModel):
     decode: RoleStatus | None = Field(None, description="The decode pool.")
     slo: SLOStatus | None = Field(None, description="Measured latency.")
     autoscaler: AutoscalerStatus | None = Field(None, description="Latest decision.")
+    kv_transport: KVTransportStatus | None = Field(
+        None, description="The latest KV transport preflight."
+    )
     endpoint: str | None = Field(None, description="URL clients send requests to.")
 
 

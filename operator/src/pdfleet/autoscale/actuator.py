@@ -43,7 +43,7 @@ class MetricsSource(Protocol):
     ) -> MetricsWindow: ...
 
 
-def policy_config(isvc: InferenceService) -> PolicyConfig:
+def policy_config(isvc: InferenceService, kv_transfer_s: float = 0.0) -> PolicyConfig:
     """The policy's view of a spec. One percentile feeds both latency queries: the higher of
     the two SLO percentiles, so neither target is judged more leniently than written."""
     spec = isvc.spec
@@ -76,6 +76,7 @@ def policy_config(isvc: InferenceService) -> PolicyConfig:
         max_scale_down_step=auto.max_scale_down_step,
         prefill_capacity_prior=_hint(auto.capacity_hint, "prefill"),
         decode_capacity_prior=_hint(auto.capacity_hint, "decode"),
+        kv_transfer_s=kv_transfer_s,
     )
 
 
@@ -88,6 +89,14 @@ def _hint(hint: CapacityHintSpec | None, role: str) -> float | None:
         else hint.decode_generated_tokens_per_second
     )
     return float(value) if value is not None else None
+
+
+def measured_kv_transfer_s(status: Mapping[str, Any] | None) -> float:
+    """The KV transport preflight's expected transfer time of a typical prompt (0 without a
+    successful measurement)."""
+    record = (status or {}).get("kvTransport") or {}
+    expected = record.get("expectedTransferSeconds")
+    return float(expected) if expected is not None and not record.get("error") else 0.0
 
 
 def role_replicas(observed: Observed, role: str, current: int) -> RoleReplicas:
@@ -210,7 +219,7 @@ class Autoscaler:
         """One decision: read the window, decide, remember, describe."""
         namespace, name = str(isvc.metadata.namespace), str(isvc.metadata.name)
         key = (namespace, name)
-        config = policy_config(isvc)
+        config = policy_config(isvc, measured_kv_transfer_s(previous_status))
         assert isvc.spec.slo is not None and isvc.spec.autoscaling.prometheus is not None
         now_s = self.clock_s()
         source = self.source_for(isvc.spec.autoscaling.prometheus.url)

@@ -26,6 +26,9 @@ ROUTER_READY = "RouterReady"
 INSUFFICIENT_CAPACITY = "InsufficientCapacity"
 SPEC_VALID = "SpecValid"
 
+# Status fields other parts of the operator write (the autoscaler, the KV preflight): kept.
+OTHER_WRITERS = ("slo", "autoscaler", "kvTransport")
+
 # Pods unschedulable for this long make the service Stalled (before that: Reconciling), so a
 # cluster autoscaler gets time to add nodes before GitOps tools report a failure.
 STALL_AFTER_S = 120.0
@@ -186,12 +189,12 @@ def compute_status(
     now: datetime,
     writes: int,
 ) -> dict[str, Any]:
-    """The full status for this pass. Fields another writer owns (autoscaler, slo) are kept."""
+    """The full status for this pass. Fields another writer owns (OTHER_WRITERS) are kept."""
     previous = dict(previous or {})
     roles = {role: role_status(observed.pods_of(role), desired[role]) for role in desired}
     values = conditions(isvc, observed, roles, now, writes)
     status: dict[str, Any] = {
-        **{k: v for k, v in previous.items() if k in ("slo", "autoscaler")},
+        **{k: v for k, v in previous.items() if k in OTHER_WRITERS},
         "observedGeneration": isvc.metadata.generation,
         "conditions": merge_conditions(
             previous.get("conditions") or [], values, isvc.metadata.generation, now

@@ -87,6 +87,9 @@ def worker_env(isvc: InferenceService, role: str, config: RenderConfig) -> list[
     }
     if spec.model.max_model_len:
         agent["PDFLEET_MAX_MODEL_LEN"] = str(spec.model.max_model_len)
+    if kv.preflight.enabled:
+        # The agent starts the KV transport preflight listener beside the engine.
+        agent["PDFLEET_PREFLIGHT_PORT"] = str(kv.preflight.port)
     nixl = {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(spec.kv_transfer.side_channel_port)}
     pod_ip = {"valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
     env: list[dict[str, Any]] = [
@@ -143,6 +146,13 @@ def side_channel_ports(isvc: InferenceService, pool: RoleSpec) -> list[dict[str,
         {"name": f"nixl-{rank}", "containerPort": base + rank, "protocol": "TCP"}
         for rank in range(pool.parallelism.data)
     ]
+
+
+def preflight_ports(isvc: InferenceService) -> list[dict[str, Any]]:
+    preflight = isvc.spec.kv_transfer.preflight
+    if not preflight.enabled:
+        return []
+    return [{"name": "kv-preflight", "containerPort": preflight.port, "protocol": "TCP"}]
 
 
 def _health_check() -> dict[str, Any]:
@@ -204,6 +214,7 @@ def worker_container(isvc: InferenceService, role: str, config: RenderConfig) ->
         "ports": [
             {"name": "http", "containerPort": port, "protocol": "TCP"},
             *side_channel_ports(isvc, pool),
+            *preflight_ports(isvc),
         ],
         "resources": worker_resources(isvc, pool),
         "volumeMounts": mounts,

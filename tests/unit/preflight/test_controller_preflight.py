@@ -1,0 +1,123 @@
+"""The controller's preflight step: runs once a service is ready, sets KVTransportReady and
+status.kvTransport, records an Event, retries failed runs without rewriting the same status."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from pdfleet.api.v1alpha1 import InferenceService
+from pdfleet.controller import Controller
+from pdfleet.preflight import plan
+from pdfleet.reconcile.observed import Observed, PodInfo
+from pdfleet_worker.preflight.plan import PreflightResult, failed
+from tests.spec_cases import merge_patch, sample
+from tests.unit.fakes import Writer
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+PODS = Observed(
+    pods=(
+        PodInfo("llama-8b-prefill-0", "prefill", 0, "Running", True, pod_ip="10.244.1.5"),
+        PodInfo("llama-8b-decode-0", "decode", 0, "Running", True, pod_ip="10.244.2.5"),
+    )
+)
+TCP = PreflightResult(
+    ok=True, verified=True, transport="tcp/lo", transport_kind="tcp", lanes=("tcp/lo",),
+    total_bytes=64 << 20, seconds=(0.2, 0.2), latency_s=0.002,
+)  # fmt: skip
+
+
+def _body(patch: dict[str, Any] | None = None) -> dict[str, Any]:
+    obj: dict[str, Any] = merge_patch(sample("minimal"), patch or {})
+    obj["metadata"].update(namespace="ns", uid="u1", generation=2)
+    return obj
+
+
+def _status(ready: bool) -> dict[str, Any]:
+    return {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+
+
+class Runs:
+    def __init__(self, result: PreflightResult) -> None:
+        self.result = result
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def __call__(self, url: str, body: dict[str, Any], timeout_s: float) -> PreflightResult:
+        self.calls.append((url, body))
+        return self.result
+
+
+@pytest.fixture
+def runs(monkeypatch: pytest.MonkeyPatch) -> Runs:
+    fake = Runs(TCP)
+    monkeypatch.setattr("pdfleet.controller.preflight_io.run", fake)
+    return fake
+
+
+def _step(
+    controller: Controller, body: dict[str, Any], status: dict[str, Any]
+) -> tuple[dict[str, Any], float | None]:
+    isvc = InferenceService.model_validate(body)
+    return controller._preflight(body, isvc, PODS, status, NOW)
+
+
+def _condition(status: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == plan.KV_TRANSPORT_READY)
+
+
+def test_waits_for_ready_then_runs_once(runs: Runs) -> None:
+    writer = Writer()
+    controller = Controller(writer)  # type: ignore[arg-type]
+    body = _body()
+    status, after = _step(controller, body, _status(False))
+    assert runs.calls == [] and "kvTransport" not in status and after is None
+    status, after = _step(controller, body, _status(True))
+    assert [url for url, _ in runs.calls] == ["http://10.244.2.5:5590/preflight/run"]
+    assert runs.calls[0][1]["peer"] == "http://10.244.1.5:5590"
+    assert _condition(status)["status"] == "True" and _condition(status)["reason"] == "Measured"
+    assert status["kvTransport"]["transport"] == "tcp/lo" and after is None
+    assert ("event", "KVTransportMeasured") in writer.calls
+    again, _ = _step(controller, body, status)
+    assert len(runs.calls) == 1 and again == status
+
+
+def test_a_fabric_change_runs_again_and_warns_on_tcp_fallback(runs: Runs) -> None:
+    writer = Writer()
+    controller = Controller(writer)  # type: ignore[arg-type]
+    status, _ = _step(controller, _body(), _status(True))
+    rdma = _body({"spec": {"kvTransfer": {"fabric": {"rdmaResource": "rdma/ib"}}}})
+    status, _ = _step(controller, rdma, status)
+    assert len(runs.calls) == 2
+    condition = _condition(status)
+    assert (condition["status"], condition["reason"]) == ("False", "TCPFallback")
+    assert ("event", "KVTransportTCPFallback") in writer.calls
+
+
+def test_a_failed_run_is_retried_later_without_rewriting_the_status(
+    runs: Runs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs.result = failed("decode preflight listener: connection refused")
+    writer = Writer()
+    controller = Controller(writer)  # type: ignore[arg-type]
+    body = _body()
+    status, after = _step(controller, body, _status(True))
+    assert _condition(status)["reason"] == "PreflightFailed" and after == plan.RETRY_S
+    assert _step(controller, body, status) == (status, plan.RETRY_S)  # too soon: no run
+    assert len(runs.calls) == 1
+    clock = time.monotonic() + plan.RETRY_S + 1
+    monkeypatch.setattr("pdfleet.controller.time.monotonic", lambda: clock)
+    retried, _ = _step(controller, body, status)
+    assert len(runs.calls) == 2 and retried == status  # same failure: same record, no Event
+    assert [c for c in writer.calls if c[0] == "event"] == [("event", "KVTransportPreflightFailed")]
+
+
+def test_disabled_drops_the_condition_and_the_record(runs: Runs) -> None:
+    controller = Controller(Writer())  # type: ignore[arg-type]
+    status, _ = _step(controller, _body(), _status(True))
+    off = _body({"spec": {"kvTransfer": {"preflight": {"enabled": False}}}})
+    status, _ = _step(controller, off, status)
+    assert "kvTransport" not in status
+    assert [c["type"] for c in status["conditions"]] == ["Ready"]
