@@ -9,6 +9,7 @@ an unchanged service costs no API writes.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -53,6 +54,10 @@ log = logging.getLogger(__name__)
 # How long a child we wrote stands in for the watch index's copy (which lags by a moment);
 # long enough for any watch event, short enough that a child deleted meanwhile comes back.
 RECENT_WRITE_S = 10.0
+# API answers that refuse a child for good (malformed or invalid): retrying cannot help.
+REJECTED = (400, 422)
+CHILD_REJECTED = "ChildRejected"
+
 # How long a reported drain is remembered (its Event and metric are recorded once).
 REPORTED_KEEP_S = 3600.0
 
@@ -75,6 +80,15 @@ def _condition_status(status: Mapping[str, Any] | None, kind: str) -> str | None
         if condition.get("type") == kind:
             return str(condition.get("status"))
     return None
+
+
+def rejection_message(manifest: Mapping[str, Any], error: ApiException) -> str:
+    """'<Kind> <name>: <the API server's message>' for a child the API server refused."""
+    try:
+        detail = str(json.loads(error.body or "{}").get("message") or error.reason)
+    except (ValueError, AttributeError):
+        detail = str(error.reason)
+    return f"{manifest['kind']} {manifest['metadata']['name']}: {detail}"[:2000]
 
 
 def _status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
@@ -200,9 +214,21 @@ class Controller:
         for key in child_plan.delete:
             self.writer.delete(key[0], key[1], namespace)
         for manifest in child_plan.apply:
-            self._remember(
-                (namespace, name), child_ref(self.writer.apply(manifest, namespace) or manifest)
-            )
+            try:
+                written = self.writer.apply(manifest, namespace)
+            except ApiException as error:
+                if error.status not in REJECTED:
+                    raise
+                # The spec passed admission but a child built from it did not (free-form
+                # fields such as nodeSelector keys or affinity are checked only there).
+                # Retrying cannot help until the spec changes: report it, do not raise.
+                message = rejection_message(manifest, error)
+                metrics.RECONCILE_ERRORS.labels(reason=str(error.status)).inc()
+                new = invalid_status(
+                    previous, meta.get("generation"), message, now, reason=CHILD_REJECTED
+                )
+                return self._write_status(body, original, new, CHILD_REJECTED, message)
+            self._remember((namespace, name), child_ref(written or manifest))
         writes = len(child_plan.apply) + len(child_plan.delete)
         metrics.CHILD_WRITES.inc(writes)
         if writes:

@@ -8,6 +8,7 @@ Cross-field rules are `Rule`s: CEL on the API server, the same check in Python h
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
@@ -30,6 +31,10 @@ GPU_TOLERATION: dict[str, Any] = {
     "operator": "Exists",
     "effect": "NoSchedule",
 }
+
+# Children such as the router's Service are named "<name>-<role>", and a Service name is an
+# RFC 1035 label; the API server itself only checks the looser DNS subdomain form.
+SERVICE_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 # Defaults for sub-objects are written as {} in the CRD so the API server fills their fields.
 EMPTY_OBJECT: dict[str, Any] = {"default": {}}
@@ -699,6 +704,16 @@ class InferenceService(ApiModel):
             "pools are derived from it",
             field=".metadata.name",
             check=lambda o: o.metadata.name is None or len(o.metadata.name) <= 44,
+        ),
+        Rule(
+            cel=f"self.metadata.name.matches('{SERVICE_NAME_PATTERN}')",
+            message="metadata.name must start with a letter and hold only lower-case letters, "
+            "digits and '-': the router's Service is named after it (an RFC 1035 label)",
+            field=".metadata.name",
+            check=lambda o: (
+                o.metadata.name is None
+                or re.fullmatch(SERVICE_NAME_PATTERN, o.metadata.name) is not None
+            ),
         ),
     )
 
