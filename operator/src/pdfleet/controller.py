@@ -57,6 +57,7 @@ RECENT_WRITE_S = 10.0
 # API answers that refuse a child for good (malformed or invalid): retrying cannot help.
 REJECTED = (400, 422)
 CHILD_REJECTED = "ChildRejected"
+TYPED_PATCH_FAILURE = "failed to create typed patch object"
 
 # How long a reported drain is remembered (its Event and metric are recorded once).
 REPORTED_KEEP_S = 3600.0
@@ -80,6 +81,15 @@ def _condition_status(status: Mapping[str, Any] | None, kind: str) -> str | None
         if condition.get("type") == kind:
             return str(condition.get("status"))
     return None
+
+
+def is_rejection(error: ApiException) -> bool:
+    """Whether the API server refused a child for good (retrying cannot help)."""
+    if error.status in REJECTED:
+        return True
+    # Server-side apply answers 500, not 422, when the applied object does not fit the
+    # schema at all (a string where a map belongs, an unknown field in a free-form part).
+    return error.status == 500 and TYPED_PATCH_FAILURE in str(error.body or "")
 
 
 def rejection_message(manifest: Mapping[str, Any], error: ApiException) -> str:
@@ -217,7 +227,7 @@ class Controller:
             try:
                 written = self.writer.apply(manifest, namespace)
             except ApiException as error:
-                if error.status not in REJECTED:
+                if not is_rejection(error):
                     raise
                 # The spec passed admission but a child built from it did not (free-form
                 # fields such as nodeSelector keys or affinity are checked only there).
