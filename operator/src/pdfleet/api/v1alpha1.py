@@ -521,6 +521,29 @@ class DrainSpec(ApiModel):
     )
 
 
+class NetworkPolicySpec(ApiModel):
+    """NetworkPolicies around the fleet (docs/security.md): workers accept traffic only from
+    their router, each other (NIXL side channel, UCX), the operator and monitoring; the
+    router's serving port only from routerClients and the operator. Needs a CNI that enforces
+    NetworkPolicy."""
+
+    enabled: bool = Field(False, description="Render NetworkPolicies for the workers and router.")
+    router_clients: list[FreeFormObject] = Field(
+        default_factory=list,
+        max_length=16,
+        description="NetworkPolicyPeers (core/v1 form: podSelector, namespaceSelector, "
+        "ipBlock) allowed to reach the router's serving port, e.g. your Gateway's pods. The "
+        "router's admin API shares that port, so list the path-filtering front, not clients. "
+        "Empty: only the operator.",
+    )
+    monitoring: list[FreeFormObject] = Field(
+        default_factory=list,
+        max_length=16,
+        description="NetworkPolicyPeers allowed to scrape worker and router metrics, e.g. "
+        "{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}}.",
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # The spec
 
@@ -598,6 +621,11 @@ class InferenceServiceSpec(ApiModel):
         default_factory=DrainSpec,
         json_schema_extra=EMPTY_OBJECT,
         description="Graceful scale-down.",
+    )
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=NetworkPolicySpec,
+        json_schema_extra=EMPTY_OBJECT,
+        description="Optional NetworkPolicies for the workers and the router.",
     )
 
     def role(self, name: str) -> RoleSpec:
