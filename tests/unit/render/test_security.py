@@ -21,6 +21,7 @@ from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.reconcile.plan import desired_replicas
 from pdfleet.render import RenderConfig, render_children
 from pdfleet.render.network import http_route
+from tests.http_route import route_allows
 from tests.spec_cases import SAMPLES_DIR, merge_patch, sample
 from tests.unit.chart.helm import one, render, schema_errors
 
@@ -174,20 +175,6 @@ def test_the_operator_pods_carry_the_labels_the_policies_let_through(tmp_path: P
     deployment = one(render({}, tmp_path), "Deployment")
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert dict(RenderConfig().operator_labels).items() <= pod_labels.items()
-
-
-def route_allows(route: dict[str, Any], path: str) -> bool:
-    """Whether an HTTPRoute forwards `path`, by the Gateway API's matching rules: PathPrefix
-    matches whole path segments ("/v1/" matches "/v1/models", not "/v10"); Exact, the path."""
-    for rule in route["spec"]["rules"]:
-        for match in rule.get("matches", ()):
-            kind, value = match["path"]["type"], match["path"]["value"]
-            prefix = value.rstrip("/")
-            if kind == "Exact" and path == value:
-                return True
-            if kind == "PathPrefix" and (path == prefix or path.startswith(prefix + "/")):
-                return True
-    return False
 
 
 def test_http_route_forwards_only_the_openai_api_and_probes() -> None:
