@@ -131,6 +131,16 @@ FIELDS: list[tuple[Path, Sequence[Any]]] = [
     ),
     (("spec", "autoscaling", "interval"), _DURATIONS),
     (("spec", "autoscaling", "maxScaleDownStep"), [0, 1, 1001]),
+    (
+        ("spec", "networkPolicy"),
+        [
+            None,
+            {"enabled": True},
+            {"enabled": True, "routerClients": [{"namespaceSelector": {}}], "monitoring": []},
+            {"enabled": True, "monitoring": [{"ipBlock": {"cidr": "not-a-cidr"}}]},
+            {"enabled": False, "routerClients": [{}] * 17},
+        ],
+    ),
     (("spec", "prefill", "replica"), [None, 3]),  # a misspelt field: unknown fields are refused
 ]
 

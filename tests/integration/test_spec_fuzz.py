@@ -105,6 +105,16 @@ def events_for(api: Any, namespace: str, name: str) -> list[str]:
     return [str(item.reason) for item in items]
 
 
+def remove_all(api: Any, namespace: str) -> None:
+    """Delete the created services and wait for their pods to go, so that the tests after
+    this one do not share the machine with their garbage collection."""
+    client.CustomObjectsApi(api).delete_collection_namespaced_custom_object(
+        labels.GROUP, labels.VERSION, namespace, labels.PLURAL
+    )
+    core = client.CoreV1Api(api)
+    wait_for(lambda: not core.list_namespaced_pod(namespace).items, 120, "the pods to go", 1.0)
+
+
 def test_generated_specs_admission_and_reconcile(
     api_client: Any, namespace: str, operator: OperatorProcess
 ) -> None:
@@ -161,6 +171,7 @@ def test_generated_specs_admission_and_reconcile(
         ) from None
     finally:
         operator.stop()
+        remove_all(api_client, namespace)
     log = operator.log_path.read_text(errors="replace")
     assert "Traceback" not in log, log[-6000:]
     assert "failed; retrying later" not in log, log[-6000:]
