@@ -16,6 +16,7 @@ import json
 import subprocess
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,10 +148,14 @@ def check_matrix(cluster: Cluster, mode: str, namespaces: dict[str, str]) -> Non
         "operator": f"system:serviceaccount:{namespaces[RELEASE_NS]}:{RELEASE}",
         **workload_accounts(cluster, namespaces[WORKLOAD]),
     }
+    # Each answer is one kubectl process: ask a few at a time.
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        answers = list(
+            pool.map(lambda r: can_i(cluster, accounts[r.subject], r.args(namespaces)), RIGHTS)
+        )
     rows, wrong = [], []
-    for right in RIGHTS:
+    for right, got in zip(RIGHTS, answers, strict=True):
         expected = right.cluster_mode if mode == "cluster" else right.namespaced_mode
-        got = can_i(cluster, accounts[right.subject], right.args(namespaces))
         resource = f"{right.resource}/{right.subresource}" if right.subresource else right.resource
         rows.append(f"| {right.subject} | {right.verb} | {resource} | {right.scope} | "
                     f"{'yes' if got else 'no'} |")  # fmt: skip
