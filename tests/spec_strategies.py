@@ -123,7 +123,7 @@ FIELDS: list[tuple[Path, Sequence[Any]]] = [
             {"ttft": {"target": "fast"}, "itl": {"target": "20ms"}},
         ],
     ),
-    (("spec", "autoscaling", "enabled"), [False, True]),
+    (("spec", "autoscaling", "enabled"), [False, True, "yes", 1]),
     (("spec", "autoscaling", "gpuBudget"), [None, 0, 1, 4, 64]),
     (
         ("spec", "autoscaling", "prometheus"),
@@ -141,6 +141,12 @@ FIELDS: list[tuple[Path, Sequence[Any]]] = [
             {"enabled": False, "routerClients": [{}] * 17},
         ],
     ),
+    # Values of the wrong JSON type, which a lax validator would coerce.
+    (("spec", "decode", "replicas", "max"), ["3", 2.5, True]),
+    (("spec", "router", "replicas"), ["2"]),
+    (("spec", "engine", "extraArgs"), ["--enforce-eager", [1]]),
+    (("spec", "prefill", "nodeSelector"), [{"zone": 1}, ["a"]]),
+    (("spec", "slo", "ttft"), [{"target": 0.5}, {"target": "1s", "percentile": "90"}]),
     (("spec", "prefill", "replica"), [None, 3]),  # a misspelt field: unknown fields are refused
 ]
 
