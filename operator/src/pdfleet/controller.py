@@ -54,8 +54,10 @@ log = logging.getLogger(__name__)
 # How long a child we wrote stands in for the watch index's copy (which lags by a moment);
 # long enough for any watch event, short enough that a child deleted meanwhile comes back.
 RECENT_WRITE_S = 10.0
-# API answers that refuse a child for good (malformed or invalid): retrying cannot help.
-REJECTED = (400, 422)
+# API answers that refuse a child until someone changes the spec (400, 422: malformed or
+# invalid) or the operator's rights (403: e.g. a chart older than a kind the spec asks for):
+# retrying at once cannot help, the periodic resync tries again.
+REJECTED = (400, 403, 422)
 CHILD_REJECTED = "ChildRejected"
 TYPED_PATCH_FAILURE = "failed to create typed patch object"
 

@@ -24,6 +24,8 @@ NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 REFUSALS = {
     400: 'StatefulSet.apps "llama-8b-prefill" is invalid: spec.template.spec.nodeSelector: bad',
     422: 'StatefulSet.apps "llama-8b-prefill" is invalid: spec.template.spec.nodeSelector: bad',
+    403: 'statefulsets.apps "llama-8b-prefill" is forbidden: User "system:serviceaccount:'
+    'pdfleet:pdfleet" cannot patch resource "statefulsets" in API group "apps"',
     # What server-side apply answers for a value of the wrong shape (seen on 1.36).
     500: "failed to create typed patch object (ns/llama-8b-prefill; apps/v1, Kind=StatefulSet):"
     " .spec.template.spec.affinity.nodeAffinity: expected map, got &{everywhere}",
@@ -57,7 +59,7 @@ def _conditions(status: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
     return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
 
 
-@pytest.mark.parametrize("code", [400, 422, 500])
+@pytest.mark.parametrize("code", [400, 403, 422, 500])
 def test_a_refused_child_stalls_the_service_with_one_event(code: int) -> None:
     writer = RefusingWriter(code)
     result = Controller(writer, clock=lambda: NOW).reconcile(_body(), Observed())  # type: ignore[arg-type]
