@@ -99,6 +99,10 @@ docs/install.md ("What the operator may do").
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [get, list, watch, create, patch, delete]
+# Optional per-service NetworkPolicies (spec.networkPolicy; docs/security.md).
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch, create, patch, delete]
 # Worker and router pods: readiness and scheduling into status, drain annotations.
 - apiGroups: [""]
   resources: [pods]

@@ -1,7 +1,7 @@
 """The `pdfleet` command: run the operator, render manifests, run benchmarks.
 
 pdfleet operator run [--namespace NS ...] [--kubeconfig FILE]
-pdfleet render -f FILE [--replicas prefill=2 --replicas decode=3]
+pdfleet render -f FILE [--replicas prefill=2 --replicas decode=3] [--http-route NS/GATEWAY]
 pdfleet crd
 pdfleet bench autoscale ...
 """
@@ -27,6 +27,7 @@ from pdfleet.api.rules import error_paths
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.reconcile.plan import desired_replicas
 from pdfleet.render import RenderConfig, render_children
+from pdfleet.render.network import http_route
 
 if TYPE_CHECKING:
     from pdfleet.autoscale.actuator import MetricsSource
@@ -68,6 +69,9 @@ def cmd_render(args: argparse.Namespace) -> int:
             )
         replicas = {**desired_replicas(isvc, None), **_parse_replicas(args.replicas)}
         documents += render_children(isvc, replicas, config)
+        if args.http_route:
+            gateway_namespace, _, gateway = args.http_route.rpartition("/")
+            documents.append(http_route(isvc, gateway_namespace or args.namespace, gateway))
     yaml.SafeDumper.ignore_aliases = lambda *_: True  # type: ignore[method-assign]
     sys.stdout.write(yaml.safe_dump_all(documents, sort_keys=False, width=100))
     return 0
@@ -210,6 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("-n", "--namespace", default="default")
     render.add_argument("--replicas", action="append", default=[], metavar="ROLE=N")
     render.add_argument("--router-image", default=RenderConfig.router_image)
+    render.add_argument(
+        "--http-route",
+        metavar="[NAMESPACE/]GATEWAY",
+        help="also print a Gateway API HTTPRoute to the router that lets only /v1/* through",
+    )
 
     commands.add_parser("crd", help="print the CustomResourceDefinition")
 

@@ -9,6 +9,7 @@ an unchanged service costs no API writes.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -56,6 +57,13 @@ log = logging.getLogger(__name__)
 # How long a child we wrote stands in for the watch index's copy (which lags by a moment);
 # long enough for any watch event, short enough that a child deleted meanwhile comes back.
 RECENT_WRITE_S = 10.0
+# API answers that refuse a child until someone changes the spec (400, 422: malformed or
+# invalid) or the operator's rights (403: e.g. a chart older than a kind the spec asks for):
+# retrying at once cannot help, the periodic resync tries again.
+REJECTED = (400, 403, 422)
+CHILD_REJECTED = "ChildRejected"
+TYPED_PATCH_FAILURE = "failed to create typed patch object"
+
 # How long a reported drain is remembered (its Event and metric are recorded once).
 REPORTED_KEEP_S = 3600.0
 
@@ -78,6 +86,24 @@ def _condition_status(status: Mapping[str, Any] | None, kind: str) -> str | None
         if condition.get("type") == kind:
             return str(condition.get("status"))
     return None
+
+
+def is_rejection(error: ApiException) -> bool:
+    """Whether the API server refused a child for good (retrying cannot help)."""
+    if error.status in REJECTED:
+        return True
+    # Server-side apply answers 500, not 422, when the applied object does not fit the
+    # schema at all (a string where a map belongs, an unknown field in a free-form part).
+    return error.status == 500 and TYPED_PATCH_FAILURE in str(error.body or "")
+
+
+def rejection_message(manifest: Mapping[str, Any], error: ApiException) -> str:
+    """'<Kind> <name>: <the API server's message>' for a child the API server refused."""
+    try:
+        detail = str(json.loads(error.body or "{}").get("message") or error.reason)
+    except (ValueError, AttributeError):
+        detail = str(error.reason)
+    return f"{manifest['kind']} {manifest['metadata']['name']}: {detail}"[:2000]
 
 
 def _status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
@@ -206,9 +232,21 @@ class Controller:
         for key in child_plan.delete:
             self.writer.delete(key[0], key[1], namespace)
         for manifest in child_plan.apply:
-            self._remember(
-                (namespace, name), child_ref(self.writer.apply(manifest, namespace) or manifest)
-            )
+            try:
+                written = self.writer.apply(manifest, namespace)
+            except ApiException as error:
+                if not is_rejection(error):
+                    raise
+                # The spec passed admission but a child built from it did not (free-form
+                # fields such as nodeSelector keys or affinity are checked only there).
+                # Retrying cannot help until the spec changes: report it, do not raise.
+                message = rejection_message(manifest, error)
+                metrics.RECONCILE_ERRORS.labels(reason=str(error.status)).inc()
+                new = invalid_status(
+                    previous, meta.get("generation"), message, now, reason=CHILD_REJECTED
+                )
+                return self._write_status(body, original, new, CHILD_REJECTED, message)
+            self._remember((namespace, name), child_ref(written or manifest))
         writes = len(child_plan.apply) + len(child_plan.delete)
         metrics.CHILD_WRITES.inc(writes)
         if writes:

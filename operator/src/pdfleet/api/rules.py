@@ -55,6 +55,9 @@ class ApiModel(BaseModel):
         alias_generator=to_camel,
         populate_by_name=True,
         extra="forbid",
+        # No coercion ("3" is not 3, "yes" is not true): the API server's schema takes JSON
+        # types as they are, and both validators must agree.
+        strict=True,
         frozen=True,
         json_schema_extra=_schema_extra,
     )

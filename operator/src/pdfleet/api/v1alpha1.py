@@ -8,6 +8,7 @@ Cross-field rules are `Rule`s: CEL on the API server, the same check in Python h
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
@@ -30,6 +31,10 @@ GPU_TOLERATION: dict[str, Any] = {
     "operator": "Exists",
     "effect": "NoSchedule",
 }
+
+# Children such as the router's Service are named "<name>-<role>", and a Service name is an
+# RFC 1035 label; the API server itself only checks the looser DNS subdomain form.
+SERVICE_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 # Defaults for sub-objects are written as {} in the CRD so the API server fills their fields.
 EMPTY_OBJECT: dict[str, Any] = {"default": {}}
@@ -614,6 +619,29 @@ class DrainSpec(ApiModel):
     )
 
 
+class NetworkPolicySpec(ApiModel):
+    """NetworkPolicies around the fleet (docs/security.md): workers accept traffic only from
+    their router, each other (NIXL side channel, UCX), the operator and monitoring; the
+    router's serving port only from routerClients and the operator. Needs a CNI that enforces
+    NetworkPolicy."""
+
+    enabled: bool = Field(False, description="Render NetworkPolicies for the workers and router.")
+    router_clients: list[FreeFormObject] = Field(
+        default_factory=list,
+        max_length=16,
+        description="NetworkPolicyPeers (core/v1 form: podSelector, namespaceSelector, "
+        "ipBlock) allowed to reach the router's serving port, e.g. your Gateway's pods. The "
+        "router's admin API shares that port, so list the path-filtering front, not clients. "
+        "Empty: only the operator.",
+    )
+    monitoring: list[FreeFormObject] = Field(
+        default_factory=list,
+        max_length=16,
+        description="NetworkPolicyPeers allowed to scrape worker and router metrics, e.g. "
+        "{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}}.",
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # The spec
 
@@ -699,6 +727,11 @@ class InferenceServiceSpec(ApiModel):
         default_factory=DrainSpec,
         json_schema_extra=EMPTY_OBJECT,
         description="Graceful scale-down.",
+    )
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=NetworkPolicySpec,
+        json_schema_extra=EMPTY_OBJECT,
+        description="Optional NetworkPolicies for the workers and the router.",
     )
 
     def role(self, name: str) -> RoleSpec:
@@ -832,6 +865,16 @@ class InferenceService(ApiModel):
             "pools are derived from it",
             field=".metadata.name",
             check=lambda o: o.metadata.name is None or len(o.metadata.name) <= 44,
+        ),
+        Rule(
+            cel=f"self.metadata.name.matches('{SERVICE_NAME_PATTERN}')",
+            message="metadata.name must start with a letter and hold only lower-case letters, "
+            "digits and '-': the router's Service is named after it (an RFC 1035 label)",
+            field=".metadata.name",
+            check=lambda o: (
+                o.metadata.name is None
+                or re.fullmatch(SERVICE_NAME_PATTERN, o.metadata.name) is not None
+            ),
         ),
     )
 

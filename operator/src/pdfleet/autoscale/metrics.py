@@ -20,17 +20,20 @@ class _Client(Protocol):
     def custom_query(self, query: str) -> list[dict[str, Any]]: ...
 
 
-def parse_scalar(result: list[dict[str, Any]]) -> float:
+def parse_scalar(result: object) -> float:
     """The value of a one-sample instant-vector answer; NaN when empty or unparsable.
 
-    A `sum(...)` over no series answers an empty vector: that is "no data", not zero.
+    A `sum(...)` over no series answers an empty vector: that is "no data", not zero. Every
+    signal read here (rates, latencies, queue lengths, cache usage) is finite and never
+    negative, so a value that is not is a broken source, also NaN: the policy holds on it.
     """
-    if len(result) != 1:
+    if not isinstance(result, list) or len(result) != 1:
         return math.nan
     try:
-        return float(result[0]["value"][1])
+        value = float(result[0]["value"][1])
     except (KeyError, IndexError, TypeError, ValueError):
         return math.nan
+    return value if math.isfinite(value) and value >= 0 else math.nan
 
 
 def to_role_metrics(values: Mapping[str, float]) -> RoleMetrics | None:

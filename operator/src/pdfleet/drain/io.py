@@ -14,6 +14,7 @@ worker's gauges keep tracking the requests it still serves.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -35,9 +36,35 @@ TIMEOUT = httpx.Timeout(2.0, connect=1.0)
 
 
 def _samples(text: str) -> Iterable[tuple[str, Mapping[str, str], float]]:
+    """Every sample of a Prometheus page. ValueError when the page is not one, or when a
+    sample is NaN, infinite or negative: in-flight gauges are never that, and a page that says
+    so cannot be trusted to say "idle" either (its reader treats it as unanswered)."""
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            yield sample.name, sample.labels, float(sample.value)
+            value = float(sample.value)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{sample.name}: {sample.value!r} is not a gauge reading")
+            yield sample.name, sample.labels, value
+
+
+def parse_workers(payload: object) -> set[str]:
+    """The worker URLs of a `GET /workers` answer; ValueError for any other shape."""
+    workers = payload.get("workers") if isinstance(payload, dict) else None
+    if not isinstance(workers, list) or not all(
+        isinstance(w, dict) and isinstance(w.get("url"), str) for w in workers
+    ):
+        raise ValueError(f"not a worker list: {str(payload)[:200]!r}")
+    return {w["url"] for w in workers}
+
+
+def parse_held(payload: object) -> float:
+    """pdfleet-sim's count of prefills still holding KV for a decode; ValueError otherwise."""
+    held = payload.get("held_now") if isinstance(payload, dict) else None
+    if isinstance(held, bool) or not isinstance(held, int | float):
+        raise ValueError(f"not a held count: {str(payload)[:200]!r}")
+    if not math.isfinite(held) or held < 0:
+        raise ValueError(f"not a held count: {held!r}")
+    return float(held)
 
 
 def parse_router_gauges(text: str) -> dict[str, dict[str, float]]:
@@ -111,8 +138,8 @@ class RouterFleet:
         try:
             resp = self.client.get(f"{replica.admin_url}/workers")
             resp.raise_for_status()
-            return {str(w["url"]) for w in resp.json().get("workers", ())}
-        except (httpx.HTTPError, ValueError, KeyError) as error:
+            return parse_workers(resp.json())
+        except (httpx.HTTPError, ValueError) as error:
             raise RouterError(f"{replica.admin_url}/workers: {error!r}") from error
 
     def registered(self) -> tuple[set[str], bool]:
@@ -178,8 +205,8 @@ def read_engine(client: httpx.Client, url: str, role: str) -> tuple[float | None
     try:
         stats = client.get(f"{url}/sim/stats")
         if stats.status_code == 200:
-            return in_flight, float(stats.json()["held_now"])
-    except (httpx.HTTPError, ValueError, KeyError):
+            return in_flight, parse_held(stats.json())
+    except (httpx.HTTPError, ValueError):
         pass
     return in_flight, kv_usage
 

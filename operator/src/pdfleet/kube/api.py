@@ -50,6 +50,7 @@ KINDS: dict[str, Kind] = {
     "Deployment": Kind("apps/v1", "deployments"),
     "Role": Kind("rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
+    "NetworkPolicy": Kind("networking.k8s.io/v1", "networkpolicies"),
     labels.KIND: Kind(labels.API_VERSION, labels.PLURAL),
 }
 

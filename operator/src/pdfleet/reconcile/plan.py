@@ -29,6 +29,7 @@ OWNED_KINDS = (
     "Role",
     "RoleBinding",
     "Deployment",
+    "NetworkPolicy",
 )
 SCALABLE_KINDS = ("StatefulSet", "Deployment")
 

@@ -209,16 +209,22 @@ def compute_status(
 
 
 def invalid_status(
-    previous: Mapping[str, Any] | None, generation: int | None, message: str, now: datetime
+    previous: Mapping[str, Any] | None,
+    generation: int | None,
+    message: str,
+    now: datetime,
+    reason: str = "InvalidSpec",
 ) -> dict[str, Any]:
-    """Status for a spec the API server accepted but the operator cannot use (for example one
-    written before a CRD upgrade): Stalled with the reason, nothing else touched."""
+    """Status for a spec the API server accepted but the operator cannot use: one written
+    before a CRD upgrade (InvalidSpec), or one whose children the API server refuses
+    (ChildRejected, e.g. a malformed node selector key). Stalled with the reason, nothing
+    else touched."""
     previous = dict(previous or {})
     values = [
-        ConditionValue(READY, False, "InvalidSpec", message),
-        ConditionValue(RECONCILING, False, "InvalidSpec", message),
-        ConditionValue(STALLED, True, "InvalidSpec", message),
-        ConditionValue(SPEC_VALID, False, "InvalidSpec", message),
+        ConditionValue(READY, False, reason, message),
+        ConditionValue(RECONCILING, False, reason, message),
+        ConditionValue(STALLED, True, reason, message),
+        ConditionValue(SPEC_VALID, False, reason, message),
     ]
     conditions_ = merge_conditions(previous.get("conditions") or [], values, generation, now)
     status = {**previous, "conditions": conditions_ + _foreign_conditions(previous, values)}

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pdfleet import labels
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.render.common import Manifest, RenderConfig, pod_disruption_budget
+from pdfleet.render.network import network_policies
 from pdfleet.render.router import router_deployment, router_rbac, router_service
 from pdfleet.render.worker import headless_service, worker_service_account, worker_statefulset
 
@@ -31,4 +32,4 @@ def render_children(
         children += [*router_rbac(isvc), router_service(isvc), router_deployment(isvc, config)]
         if isvc.spec.router.replicas > 1:
             children.append(pod_disruption_budget(isvc, labels.ROLE_ROUTER))
-    return children
+    return children + network_policies(isvc, config)

@@ -27,6 +27,11 @@ class RenderConfig:
     """vLLM --shutdown-timeout once a drained worker gets SIGTERM: only stragglers remain."""
     grace_margin_s: int = 10
     """Slack on top of preStop + shutdown in terminationGracePeriodSeconds."""
+    operator_labels: tuple[tuple[str, str], ...] = (
+        (labels.APP_NAME, "pdfleet"),
+        (labels.APP_COMPONENT, "operator"),
+    )
+    """Labels of the operator's pods (the chart's), let through the NetworkPolicies."""
 
 
 def child_name(isvc: InferenceService, role: str) -> str:

@@ -80,7 +80,10 @@ def router_deployment(isvc: InferenceService, config: RenderConfig) -> Manifest:
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
             "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
         },
+        # The root filesystem is read-only; the Python launcher gets a scratch /tmp.
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
     resources = {
         key: quantity_map(values)
@@ -105,6 +108,7 @@ def router_deployment(isvc: InferenceService, config: RenderConfig) -> Manifest:
                     "serviceAccountName": name,
                     "enableServiceLinks": False,
                     "containers": [container],
+                    "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
                 },
             },
         },

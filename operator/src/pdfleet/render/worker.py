@@ -218,8 +218,13 @@ def worker_container(isvc: InferenceService, role: str, config: RenderConfig) ->
         ],
         "resources": worker_resources(isvc, pool),
         "volumeMounts": mounts,
-        # Pinning memory for RDMA registration needs IPC_LOCK; nothing else is added.
-        "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+        # Pinning memory for RDMA registration (NIXL/UCX) needs IPC_LOCK; vLLM needs none of
+        # the runtime's other defaults (chown, setuid, net_raw, ...). The root filesystem
+        # stays writable: torch, Triton and FlashInfer write JIT caches under $HOME.
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]},
+        },
         "lifecycle": {"preStop": {"exec": {"command": ["pdfleet-agent", "prestop"]}}},
         **_probes(),
     }
