@@ -505,6 +505,8 @@ class Bench:
     workers: int
     timeout_s: float
     audit_log: Path
+    # Called with each phase's figures as soon as it ends, so a run cut short keeps them.
+    checkpoint: Callable[[str, dict[str, Any]], None] = lambda _phase, _figures: None
     sample: dict[str, Any] = dataclasses.field(
         default_factory=lambda: yaml.safe_load(SAMPLE.read_text())
     )
@@ -583,15 +585,19 @@ class Bench:
         result: dict[str, Any] = {}
         try:
             result["create"] = self._create(custom, keys, isvcs, sampler)
+            self.checkpoint("create", result["create"])
             time.sleep(settle_s)
             result["steady"] = self._steady(steady_s, sampler)
+            self.checkpoint("steady", result["steady"])
             result["latency"] = self._latency(custom, keys, changes)
+            self.checkpoint("latency", result["latency"])
             isvcs.wait(lambda w: w.truthy >= self.services, self.timeout_s, "Ready again")
             time.sleep(settle_s)
             op.stop()
             sampler.stop()
             first = sampler.samples
             result["restart"], op, sampler = self._restart(kubeconfig)
+            self.checkpoint("restart", result["restart"])
             result["peak_rss_mb"] = max(s[2] for s in [*first, *sampler.samples])
         finally:
             op.stop()
@@ -658,12 +664,13 @@ class Bench:
         stss.start()
         stss.wait(lambda w: len(w.values) >= self.services, 120, "StatefulSets listed")
         image = self.sample["spec"]["engine"]["image"]
-        latencies = []
+        latencies, changed = [], []
         _log(f"latency: {changes} spec changes, one at a time")
         for i in range(changes):
             namespace, name = keys[(i * len(keys)) // changes]
             new = f"{image.rpartition(':')[0]}:bench-{i}"
             patch = {"spec": {"engine": {"image": new}}}
+            changed.append((namespace, name, time.time()))
             started = time.monotonic()
             custom.patch_namespaced_custom_object(
                 labels.GROUP, labels.VERSION, namespace, labels.PLURAL, name, patch
@@ -682,6 +689,7 @@ class Bench:
             "p99_s": percentile(latencies, 99),
             "max_s": max(latencies),
             "latencies_s": [round(x, 4) for x in latencies],
+            "changed": changed,
         }
 
     def _restart(self, kubeconfig: Path) -> tuple[dict[str, Any], OperatorProcess, Sampler]:
@@ -734,8 +742,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         apply_crds(cluster)
         kubeconfig = operator_kubeconfig(cluster, workdir)
-        bench = Bench(cluster, api, workdir, args.services, args.workers, args.timeout_s, audit_log)
+        partial: dict[str, Any] = {"services": args.services, "workdir": str(workdir)}
+        partial_file = args.out / "results.partial.json"
+        args.out.mkdir(parents=True, exist_ok=True)
+
+        def checkpoint(phase: str, figures: dict[str, Any]) -> None:
+            partial[phase] = figures
+            partial_file.write_text(json.dumps(partial, indent=2) + "\n")
+
+        bench = Bench(
+            cluster, api, workdir, args.services, args.workers, args.timeout_s, audit_log,
+            checkpoint=checkpoint,
+        )  # fmt: skip
         floor = bench.floor()
+        checkpoint("floor", floor)
         operator = bench.operator_run(kubeconfig, args.steady_s, args.changes, args.settle_s)
     finally:
         api.close()
@@ -775,6 +795,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (args.out / "table.md").write_text(table)
+    (args.out / "results.partial.json").unlink(missing_ok=True)
     print(table)
     return 0 if all(t["met"] for t in results["targets"]) else 1
 
