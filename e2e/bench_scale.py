@@ -146,11 +146,14 @@ def _epoch(stamp: str) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class AuditEntry:
-    t: float
+    t: float  # request received
     verb: str
     resource: str
     user: str
     code: int
+    done: float = math.nan  # response complete (watches: started)
+    namespace: str = ""
+    name: str = ""
 
 
 def audit_entries(lines: Iterable[str]) -> Iterator[AuditEntry]:
@@ -173,6 +176,9 @@ def audit_entries(lines: Iterable[str]) -> Iterator[AuditEntry]:
             resource=resource,
             user=(event.get("user") or {}).get("username", ""),
             code=int((event.get("responseStatus") or {}).get("code", 0)),
+            done=_epoch(event["stageTimestamp"]),
+            namespace=ref.get("namespace", ""),
+            name=ref.get("name", ""),
         )
 
 
@@ -192,6 +198,38 @@ def requests_summary(entries: Iterable[AuditEntry], t0: float, t1: float) -> dic
         "writes_by_resource": dict(sorted(writes.items())),
         "writes": sum(writes.values()) - lease,
         "lease_writes": lease,
+    }
+
+
+def latency_breakdown(
+    entries: Iterable[AuditEntry], changed: Sequence[tuple[str, str, float]]
+) -> dict[str, Any]:
+    """Where a spec change's latency goes, from the operator's StatefulSet writes in the audit
+    log: ``reaction`` = change sent -> the operator's first StatefulSet request received (watch
+    delivery, queue, the pass itself); ``server`` = how long the API server took to answer the
+    StatefulSet writes of that pass."""
+    writes: dict[tuple[str, str], list[AuditEntry]] = {}
+    for e in entries:
+        if e.resource == "statefulsets" and e.verb == "patch":
+            writes.setdefault((e.namespace, e.name), []).append(e)
+    reaction, server = [], []
+    for namespace, name, sent in changed:
+        mine = [
+            e
+            for role in labels.WORKER_ROLES
+            for e in writes.get((namespace, f"{name}-{role}"), ())
+            if e.t >= sent
+        ]
+        mine = sorted(mine, key=lambda e: e.t)[: len(labels.WORKER_ROLES)]
+        if mine:
+            reaction.append(mine[0].t - sent)
+            server.append(sum(e.done - e.t for e in mine))
+    return {
+        "changes": len(reaction),
+        "reaction_p50_s": percentile(reaction, 50),
+        "reaction_p99_s": percentile(reaction, 99),
+        "server_p50_s": percentile(server, 50),
+        "server_p99_s": percentile(server, 99),
     }
 
 
@@ -249,6 +287,10 @@ def _fmt(value: Any, unit: str = "") -> str:
     return f"{value:,}{unit}" if isinstance(value, int) else str(value)
 
 
+def _seconds(figures: Mapping[str, Any], *keys: str) -> str:
+    return " / ".join(_fmt(figures[k], " s") for k in keys)
+
+
 def _verbs(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{k} {v:,}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
 
@@ -291,7 +333,14 @@ def render_table(results: Mapping[str, Any]) -> str:
         (f"Steady {steady['seconds']:.0f} s: operator CPU / RSS",
          f"{_fmt(steady['usage']['cpu_s'], ' s')} / {_fmt(steady['usage']['end_rss_mb'], ' MB')}"),
         (f"Reconcile latency, spec change -> StatefulSet ({lat['changes']} changes) p50 / p99",
-         f"{_fmt(lat['p50_s'], ' s')} / {_fmt(lat['p99_s'], ' s')}"),
+         _seconds(lat, "p50_s", "p99_s")),
+        *(
+            [("  of which: change -> operator's first StatefulSet write, p50 / p99",
+              _seconds(bd, "reaction_p50_s", "reaction_p99_s")),
+             ("  of which: API server time of those writes, p50 / p99",
+              _seconds(bd, "server_p50_s", "server_p99_s"))]
+            if (bd := lat.get("breakdown")) else []
+        ),
         ("Restart: start -> every service reconciled once", _fmt(restart["resumed_s"], " s")),
         ("Restart: writes to objects (lease apart)",
          f"{restart['operator_requests']['writes']} "
@@ -520,11 +569,14 @@ class Bench:
         w.start()
         return w
 
-    def operator_requests(self, t0: float, t1: float) -> dict[str, Any]:
-        """The operator's requests in the wall-clock window, from the audit log."""
+    def operator_entries(self) -> list[AuditEntry]:
+        """The operator's requests so far, from the audit log."""
         with self.audit_log.open() as lines:
-            users = (e for e in audit_entries(lines) if e.user == OPERATOR_USER)
-            return requests_summary(users, t0, t1)
+            return [e for e in audit_entries(lines) if e.user == OPERATOR_USER]
+
+    def operator_requests(self, t0: float, t1: float) -> dict[str, Any]:
+        """The operator's requests in the wall-clock window."""
+        return requests_summary(self.operator_entries(), t0, t1)
 
     def floor(self) -> dict[str, Any]:
         keys = service_keys("floor", self.services)
@@ -690,6 +742,7 @@ class Bench:
             "max_s": max(latencies),
             "latencies_s": [round(x, 4) for x in latencies],
             "changed": changed,
+            "breakdown": latency_breakdown(self.operator_entries(), changed),
         }
 
     def _restart(self, kubeconfig: Path) -> tuple[dict[str, Any], OperatorProcess, Sampler]:

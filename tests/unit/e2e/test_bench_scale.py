@@ -14,9 +14,11 @@ from e2e.bench_scale import (
     OPERATOR_USER,
     PODS_PER_NODE,
     SAMPLE,
+    AuditEntry,
     audit_entries,
     audit_policy,
     floor_children,
+    latency_breakdown,
     percentile,
     render_table,
     requests_by_verb,
@@ -61,6 +63,7 @@ def _audit(verb: str, stage: str, resource: str, t: str, **extra: Any) -> str:
             "stage": stage,
             "verb": verb,
             "requestReceivedTimestamp": t,
+            "stageTimestamp": t,
             "user": {"username": OPERATOR_USER},
             "objectRef": {"resource": resource, **extra},
             "responseStatus": {"code": 200},
@@ -91,6 +94,24 @@ def test_audit_lines_count_each_request_once_and_keep_leases_apart() -> None:
         "update leases": 1,
     }
     assert summary["writes"] == 2 and summary["lease_writes"] == 1
+
+
+def test_latency_breakdown_splits_reaction_and_server_time() -> None:
+    def sts(name: str, t: float, took: float) -> AuditEntry:
+        return AuditEntry(t, "patch", "statefulsets", OPERATOR_USER, 200, t + took, "ns", name)
+
+    entries = [
+        sts("a-prefill", 5.0, 0.5),  # before the change: not this change's pass
+        sts("a-prefill", 10.3, 0.2),
+        sts("a-decode", 10.5, 0.3),
+        sts("a-decode", 30.0, 0.3),  # a later pass (pods rolling)
+        sts("b-prefill", 20.1, 0.1),
+        sts("b-decode", 20.2, 0.1),
+    ]
+    got = latency_breakdown(entries, [("ns", "a", 10.0), ("ns", "b", 20.0), ("ns", "c", 25.0)])
+    assert got["changes"] == 2
+    assert got["reaction_p99_s"] == pytest.approx(0.3) and got["server_p99_s"] == pytest.approx(0.5)
+    assert got["reaction_p50_s"] == pytest.approx(0.1) and got["server_p50_s"] == pytest.approx(0.2)
 
 
 def test_audit_policy_logs_only_the_operator() -> None:
