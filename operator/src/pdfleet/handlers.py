@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,8 +129,12 @@ def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: 
     def owner_key(namespace: str | None, meta_labels: Mapping[str, str]) -> Key:
         return str(namespace), str(meta_labels[labels.SERVICE])
 
+    # Index and trigger functions are coroutines on purpose: kopf runs plain functions in its
+    # thread pool, which cost a thread hop per watch event (thousands with 1,000 services) and
+    # would call the asyncio work queue from another thread, which is not safe and does not
+    # wake the event loop (a spec change then waited for unrelated I/O before its pass began).
     @kopf.index(labels.GROUP, labels.VERSION, labels.PLURAL, id="isvc_index", registry=registry)
-    def isvc_index(
+    async def isvc_index(
         namespace: str | None, name: str, body: kopf.Body, **_: Any
     ) -> dict[Key, dict[str, Any]]:
         return {(str(namespace), name): {
@@ -141,7 +145,7 @@ def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: 
 
     for kind, (group, version, plural) in CHILD_RESOURCES.items():
 
-        def child_index(
+        async def child_index(
             namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
         ) -> dict[Key, ChildRef]:
             return {owner_key(namespace, labels): child_ref({**body, "kind": body.get("kind")})}
@@ -157,7 +161,7 @@ def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: 
     @kopf.index(
         "", "v1", "pods", labels={labels.SERVICE: kopf.PRESENT}, id="pods_index", registry=registry
     )
-    def pods_index(
+    async def pods_index(
         namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
     ) -> dict[Key, PodInfo]:
         return {owner_key(namespace, labels): pod_info(body)}
@@ -167,7 +171,7 @@ def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: 
     )(_trigger_owner(queue, owner_key))
 
     @kopf.on.event(labels.GROUP, labels.VERSION, labels.PLURAL, registry=registry)
-    def isvc_event(namespace: str | None, name: str, **_: Any) -> None:
+    async def isvc_event(namespace: str | None, name: str, **_: Any) -> None:
         queue.put((str(namespace), name))
 
     @kopf.on.login(registry=registry)
@@ -191,8 +195,8 @@ def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: 
 
 def _trigger_owner(
     queue: WorkQueue, owner_key: Callable[[str | None, Mapping[str, str]], Key]
-) -> Callable[..., None]:
-    def trigger(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+) -> Callable[..., Awaitable[None]]:
+    async def trigger(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         queue.put(owner_key(namespace, labels))
 
     return trigger
