@@ -71,6 +71,7 @@ PODS_PER_SERVICE = PREFILL + DECODE + 1
 SERVICES_PER_NAMESPACE = 100
 PODS_PER_NODE = 200  # inside a node's /24 podCIDR, from which kwok hands out pod IPs
 HEADROOM = 1.25  # rolling updates briefly need a pod more
+SERVICE_CIDR = "10.96.0.0/16"
 OPERATOR_NS, OPERATOR_SA = "pdfleet-bench", "pdfleet-operator"
 OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NS}:{OPERATOR_SA}"
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
@@ -777,6 +778,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     extra = [
         ("kube-apiserver", "audit-policy-file", str(policy)),
         ("kube-apiserver", "audit-log-path", str(audit_log)),
+        # Every router Service takes a ClusterIP: the default range, a /24, holds 253.
+        ("kube-apiserver", "service-cluster-ip-range", SERVICE_CIDR),
     ]
     for component, qps, burst in CLIENT_QPS:
         extra += [(component, "kube-api-qps", qps), (component, "kube-api-burst", burst)]
