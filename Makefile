@@ -15,6 +15,7 @@ E2E_TESTS := tests/e2e_bridge
 SCENARIO_TESTS := tests/e2e_drain tests/e2e_autoscale
 DEMO_ARGS ?=
 NIXL_PIN := nixl-cu12==1.5.1
+BENCH_SCALE_ARGS ?=
 
 .DEFAULT_GOAL := help
 
@@ -61,7 +62,10 @@ test-scenarios: $(STAMP) toolchain ## Drain cycles and autoscaling scenarios on 
 
 test: verify test-integration test-e2e ## Everything CI runs.
 
+bench-scale: $(STAMP) toolchain ## 1,000 InferenceServices on the local cluster, measured (BENCH_SCALE_ARGS=--services 100).
+	$(NETNS) $(PY) -m e2e.bench_scale $(BENCH_SCALE_ARGS)
+
 demo: $(STAMP) toolchain ## The demo fleet rebalancing itself under a load shift (DEMO_ARGS=--keep).
 	$(NETNS) $(PY) -m e2e.demo $(DEMO_ARGS)
 
-.PHONY: help install toolchain manifests lint test-unit verify test-integration test-e2e test-scenarios test demo
+.PHONY: help install toolchain manifests lint test-unit verify test-integration test-e2e test-scenarios test demo bench-scale

@@ -129,6 +129,9 @@ class ClusterConfig:
     bin_dir: Path | None = None  # default: what e2e/toolchain.sh --print-bin-dir says
     start_timeout_s: float = 120.0
     require_private_netns: bool = True
+    # Extra component flags, (component, flag, value), e.g. an audit policy for the API
+    # server or client QPS limits for a benchmark-sized cluster.
+    extra_args: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def kubeconfig(self) -> Path:
@@ -141,8 +144,10 @@ class ClusterConfig:
         return self.workdir / f"{self.name}.kwokctl.yaml"
 
 
-def default_nodes(pod_cidr: str = POD_CIDR, h100: int = 2, h200: int = 2) -> tuple[NodeSpec, ...]:
-    """``h100`` H100 nodes, ``h200`` H200 nodes and one CPU node.
+def default_nodes(
+    pod_cidr: str = POD_CIDR, h100: int = 2, h200: int = 2, cpu: int = 1
+) -> tuple[NodeSpec, ...]:
+    """``h100`` H100 nodes, ``h200`` H200 nodes and ``cpu`` CPU nodes.
 
     Node *i* gets the /24 number *i + 1* of ``pod_cidr`` as its podCIDR; the first /24
     is kept for node addresses (``10.244.0.10 + i``) and kwok's fallback pool.
@@ -152,7 +157,7 @@ def default_nodes(pod_cidr: str = POD_CIDR, h100: int = 2, h200: int = 2) -> tup
     gpus = [("gpu-h100", H100)] * h100 + [("gpu-h200", H200)] * h200
     counters: dict[str, int] = {}
     nodes: list[NodeSpec] = []
-    for i, (prefix, product) in enumerate([*gpus, ("cpu", None)]):
+    for i, (prefix, product) in enumerate([*gpus, *[("cpu", None)] * cpu]):
         n = counters[prefix] = counters.get(prefix, -1) + 1
         nodes.append(
             NodeSpec(
@@ -259,8 +264,22 @@ def kwok_stages(
     return kept + [_with_requirement(s, only) for s in bridge]
 
 
-def kwokctl_configuration(bin_dir: Path) -> Manifest:
-    """kwokctl options: local binaries only, loopback only, no default route needed."""
+def kwokctl_configuration(
+    bin_dir: Path, extra_args: Sequence[tuple[str, str, str]] = ()
+) -> Manifest:
+    """kwokctl options: local binaries only, loopback only, no default route needed.
+
+    ``extra_args`` adds ``(component, flag, value)`` flags to the named components."""
+    patches: dict[str, list[dict[str, str]]] = {
+        # The namespace has no default route to derive an address from, and the endpoint
+        # reconciler would publish 127.0.0.1, which is invalid.
+        "kube-apiserver": [
+            {"key": "advertise-address", "value": "127.0.0.1"},
+            {"key": "endpoint-reconciler-type", "value": "none"},
+        ]
+    }
+    for component, key, value in extra_args:
+        patches.setdefault(component, []).append({"key": key, "value": value})
     return {
         "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
         "kind": "KwokctlConfiguration",
@@ -276,17 +295,7 @@ def kwokctl_configuration(bin_dir: Path) -> Manifest:
             "kubectlBinary": str(bin_dir / "kubectl"),
             "kwokControllerBinary": str(bin_dir / "kwok"),
         },
-        "componentsPatches": [
-            {
-                "name": "kube-apiserver",
-                "extraArgs": [
-                    # The namespace has no default route to derive an address from, and
-                    # the endpoint reconciler would publish 127.0.0.1, which is invalid.
-                    {"key": "advertise-address", "value": "127.0.0.1"},
-                    {"key": "endpoint-reconciler-type", "value": "none"},
-                ],
-            }
-        ],
+        "componentsPatches": [{"name": name, "extraArgs": args} for name, args in patches.items()],
     }
 
 
@@ -316,7 +325,11 @@ def cluster_documents(config: ClusterConfig, bin_dir: Path) -> list[Manifest]:
         load_stages(KWOK_DIR / "default-stages.yaml"),
         load_stages(KWOK_DIR / "bridge-stages.yaml"),
     )
-    return [kwokctl_configuration(bin_dir), kwok_configuration(config.pod_cidr), *stages]
+    return [
+        kwokctl_configuration(bin_dir, config.extra_args),
+        kwok_configuration(config.pod_cidr),
+        *stages,
+    ]
 
 
 # ---------------------------------------------------------------------------------------

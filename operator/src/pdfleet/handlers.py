@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,20 +39,41 @@ CHILD_RESOURCES: dict[str, tuple[str, str, str]] = {
 OWNED: dict[str, Any] = {labels.SERVICE: kopf.PRESENT, labels.APP_MANAGED_BY: labels.FIELD_MANAGER}
 
 
+# Work queue priorities: a watch event (a spec change, a pod turning ready) goes ahead of the
+# periodic resync, which puts every service in the queue at once; with 1,000 services a
+# change that arrived just after a resync otherwise waited behind all of them.
+URGENT, RESYNC = 0, 1
+
+
 @dataclass
 class WorkQueue:
-    """Coalescing queue of services to reconcile: a burst of pod events is one pass."""
+    """Coalescing priority queue of services to reconcile: a burst of pod events is one pass,
+    and event-triggered passes go before resync passes."""
 
     run: Callable[[Key], Any]
     workers: int = 4
-    _queue: asyncio.Queue[Key] = field(default_factory=asyncio.Queue)
-    _queued: set[Key] = field(default_factory=set)
+    _queue: asyncio.PriorityQueue[tuple[int, int, Key]] = field(
+        default_factory=asyncio.PriorityQueue
+    )
+    _queued: dict[Key, int] = field(default_factory=dict)
+    _seq: int = 0
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
-    def put(self, key: Key) -> None:
-        if key not in self._queued:
-            self._queued.add(key)
-            self._queue.put_nowait(key)
+    def put(self, key: Key, priority: int = URGENT) -> None:
+        """Queue `key` once; a queued resync entry is promoted by an urgent put."""
+        if self._queued.get(key, priority + 1) <= priority:
+            return
+        self._queued[key] = priority
+        self._seq += 1  # FIFO within a priority
+        self._queue.put_nowait((priority, self._seq, key))
+
+    def next_key(self, entry: tuple[int, int, Key]) -> Key | None:
+        """The key to run for a dequeued entry; None for the stale copy of a promoted key."""
+        priority, _, key = entry
+        if self._queued.get(key) != priority:
+            return None
+        del self._queued[key]
+        return key
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._work()) for _ in range(self.workers)]
@@ -64,8 +85,9 @@ class WorkQueue:
 
     async def _work(self) -> None:
         while True:
-            key = await self._queue.get()
-            self._queued.discard(key)
+            key = self.next_key(await self._queue.get())
+            if key is None:
+                continue
             try:
                 result = await asyncio.to_thread(self.run, key)
                 # A pass can ask to come back soon (a drain waiting on in-flight requests).
@@ -107,8 +129,12 @@ def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: 
     def owner_key(namespace: str | None, meta_labels: Mapping[str, str]) -> Key:
         return str(namespace), str(meta_labels[labels.SERVICE])
 
+    # Index and trigger functions are coroutines on purpose: kopf runs plain functions in its
+    # thread pool, which cost a thread hop per watch event (thousands with 1,000 services) and
+    # would call the asyncio work queue from another thread, which is not safe and does not
+    # wake the event loop (a spec change then waited for unrelated I/O before its pass began).
     @kopf.index(labels.GROUP, labels.VERSION, labels.PLURAL, id="isvc_index", registry=registry)
-    def isvc_index(
+    async def isvc_index(
         namespace: str | None, name: str, body: kopf.Body, **_: Any
     ) -> dict[Key, dict[str, Any]]:
         return {(str(namespace), name): {
@@ -119,7 +145,7 @@ def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: 
 
     for kind, (group, version, plural) in CHILD_RESOURCES.items():
 
-        def child_index(
+        async def child_index(
             namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
         ) -> dict[Key, ChildRef]:
             return {owner_key(namespace, labels): child_ref({**body, "kind": body.get("kind")})}
@@ -135,7 +161,7 @@ def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: 
     @kopf.index(
         "", "v1", "pods", labels={labels.SERVICE: kopf.PRESENT}, id="pods_index", registry=registry
     )
-    def pods_index(
+    async def pods_index(
         namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
     ) -> dict[Key, PodInfo]:
         return {owner_key(namespace, labels): pod_info(body)}
@@ -145,7 +171,7 @@ def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: 
     )(_trigger_owner(queue, owner_key))
 
     @kopf.on.event(labels.GROUP, labels.VERSION, labels.PLURAL, registry=registry)
-    def isvc_event(namespace: str | None, name: str, **_: Any) -> None:
+    async def isvc_event(namespace: str | None, name: str, **_: Any) -> None:
         queue.put((str(namespace), name))
 
     @kopf.on.login(registry=registry)
@@ -169,8 +195,8 @@ def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: 
 
 def _trigger_owner(
     queue: WorkQueue, owner_key: Callable[[str | None, Mapping[str, str]], Key]
-) -> Callable[..., None]:
-    def trigger(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+) -> Callable[..., Awaitable[None]]:
+    async def trigger(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         queue.put(owner_key(namespace, labels))
 
     return trigger
@@ -181,4 +207,4 @@ async def _resync(queue: WorkQueue, indices: Mapping[str, Any], interval_s: floa
     while True:
         await asyncio.sleep(interval_s)
         for key in list(indices["isvc_index"].keys()):
-            queue.put(key)
+            queue.put(key, RESYNC)

@@ -1,0 +1,57 @@
+"""The operator's work queue: one entry per service, watch events before resync passes."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pdfleet.handlers import RESYNC, URGENT, WorkQueue
+
+Key = tuple[str, str]
+
+
+def _drain(queue: WorkQueue) -> list[Key]:
+    """Keys in the order workers would run them (stale entries skipped)."""
+    order = []
+    while not queue._queue.empty():
+        key = queue.next_key(queue._queue.get_nowait())
+        if key is not None:
+            order.append(key)
+    return order
+
+
+async def test_urgent_keys_go_before_a_resync_sweep_and_each_key_runs_once() -> None:
+    queue = WorkQueue(run=lambda _: None)
+    for i in range(5):
+        queue.put(("ns", f"svc-{i}"), RESYNC)
+    queue.put(("ns", "changed"))  # a spec change right after the resync sweep
+    queue.put(("ns", "svc-3"), URGENT)  # promoted: a pod of svc-3 turned ready
+    queue.put(("ns", "svc-3"), RESYNC)  # already queued: coalesced
+    queue.put(("ns", "changed"))
+    assert _drain(queue) == [
+        ("ns", "changed"),
+        ("ns", "svc-3"),
+        ("ns", "svc-0"),
+        ("ns", "svc-1"),
+        ("ns", "svc-2"),
+        ("ns", "svc-4"),
+    ]
+
+
+async def test_a_key_queued_again_after_its_run_runs_again() -> None:
+    ran: list[Key] = []
+    queue = WorkQueue(run=ran.append, workers=1)
+    queue.start()
+    try:
+        queue.put(("ns", "a"), RESYNC)
+        for _ in range(50):
+            if ran:
+                break
+            await asyncio.sleep(0.01)
+        queue.put(("ns", "a"))
+        for _ in range(50):
+            if len(ran) == 2:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await queue.stop()
+    assert ran == [("ns", "a"), ("ns", "a")]
