@@ -33,6 +33,7 @@ import ipaddress
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -414,6 +415,18 @@ class Cluster:
         text = yaml.safe_dump_all(list(manifests), sort_keys=False)
         self.kubectl("apply", "--server-side", "--field-manager=pdfleet-e2e", "-f", "-", stdin=text)
 
+    def create_namespace(self, name: str, timeout_s: float = 30.0) -> str:
+        """Create namespace ``name`` and wait for its default ServiceAccount (pods are refused
+        until kube-controller-manager has made it); returns ``name``."""
+        self.kubectl("create", "namespace", name)
+        wait_until(
+            lambda: bool(self.kubectl("get", "serviceaccounts", "-n", name, "-o", "name").split()),
+            timeout_s,
+            f"the default ServiceAccount in {name}",
+            interval_s=0.5,
+        )
+        return name
+
     def is_running(self) -> bool:
         """True when the API server answers ``/readyz``."""
         if not self.kubeconfig.exists():
@@ -423,6 +436,30 @@ class Cluster:
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
             return False
         return True
+
+    def crash_and_restart(self, components: Sequence[str], down_s: float) -> None:
+        """SIGKILL ``components`` (e.g. etcd and kube-apiserver), keep them down for
+        ``down_s``, then start them again with their own command lines, as a supervisor
+        (systemd, kubelet for static pods) would. The other components stay up and must
+        reconnect; etcd's data directory survives. The new pids go into kwokctl's pid files,
+        so that :func:`stop` still ends them."""
+        state = self.config.workdir / "clusters" / self.config.name
+        pids = self.component_pids()
+        launches = []
+        for name in components:
+            pid = pids[name]
+            argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")[:-1]
+            launches.append((name, argv, os.readlink(f"/proc/{pid}/cwd")))
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(down_s)
+        for name, argv, cwd in launches:
+            log_dir = state / "logs"
+            log_dir.mkdir(parents=True, exist_ok=True)
+            with (log_dir / f"{name}.log").open("ab") as log:  # the child keeps its own fd
+                proc = subprocess.Popen(
+                    argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            (state / "pids" / f"{name}.pid").write_text(str(proc.pid))
 
     def component_pids(self) -> dict[str, int]:
         """PIDs of the running components, as seen inside the namespace (kwokctl pid files)."""

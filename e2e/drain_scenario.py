@@ -623,13 +623,15 @@ def _router_up(service: Service) -> bool:
 
 
 @contextlib.contextmanager
-def local_cluster(workdir: Path) -> Iterator[Cluster]:
+def local_cluster(
+    workdir: Path, name: str = "pdfleet-drain", bridge_label: str | None = OWNED_LABEL
+) -> Iterator[Cluster]:
+    """A cluster of its own for a command (not a test session); its pods with a
+    `bridge_label` are left to a bridge (None: kwok runs every pod)."""
     bin_dir = toolchain_bin_dir()
     require_toolchain(bin_dir)
     require_private_netns()
-    cfg = ClusterConfig(
-        name="pdfleet-drain", workdir=workdir, bin_dir=bin_dir, bridge_label=OWNED_LABEL
-    )
+    cfg = ClusterConfig(name=name, workdir=workdir, bin_dir=bin_dir, bridge_label=bridge_label)
     started = start(cfg)
     try:
         yield started
