@@ -12,8 +12,10 @@ INTEGRATION_TESTS := tests/integration tests/router tests/prometheus
 E2E_TESTS := tests/e2e_bridge
 # Long scenario proofs (drain cycles, autoscaling under a load shift): their latency bounds
 # are sensitive to a loaded 2-core machine, so they run on their own, not in `make test`.
-SCENARIO_TESTS := tests/e2e_drain tests/e2e_autoscale
+SCENARIO_TESTS := tests/e2e_drain tests/e2e_autoscale tests/e2e_faults
 DEMO_ARGS ?=
+# The fault suite's full repetitions (docs/reliability.md); FAULTS_ARGS=--only router worker ...
+FAULTS_ARGS ?=
 
 .DEFAULT_GOAL := help
 
@@ -52,12 +54,15 @@ test-integration: $(STAMP) toolchain ## Real kube-apiserver, vllm-router and Pro
 test-e2e: $(STAMP) toolchain ## The whole fleet: operator, process bridge, router, simulators.
 	$(NETNS) $(PYTEST) $(E2E_TESTS)
 
-test-scenarios: $(STAMP) toolchain ## Drain cycles and autoscaling scenarios on the local cluster (~25 min).
+test-scenarios: $(STAMP) toolchain ## Drain cycles, autoscaling and the short fault suite on the local cluster (~32 min).
 	$(NETNS) $(PYTEST) $(SCENARIO_TESTS)
 
 test: verify test-integration test-e2e ## Everything CI runs.
 
+test-faults: $(STAMP) toolchain ## The fault suite, full repetitions; writes docs/benchmarks/faults (~40 min).
+	$(NETNS) $(PY) -m e2e.faults --out docs/benchmarks/faults $(FAULTS_ARGS)
+
 demo: $(STAMP) toolchain ## The demo fleet rebalancing itself under a load shift (DEMO_ARGS=--keep).
 	$(NETNS) $(PY) -m e2e.demo $(DEMO_ARGS)
 
-.PHONY: help install toolchain manifests lint test-unit verify test-integration test-e2e test-scenarios test demo
+.PHONY: help install toolchain manifests lint test-unit verify test-integration test-e2e test-scenarios test-faults test demo

@@ -210,6 +210,8 @@ class Service:
     log_dir: Path
     """The bridge's log directory: one folder per pod (uid), kept after the pod is gone."""
     name: str = SERVICE
+    bridge: Bridge | None = None
+    """The bridge running its pods (process ids, to kill a container's process)."""
 
     def __post_init__(self) -> None:
         self.core: Any = client.CoreV1Api(self.api)
@@ -598,10 +600,10 @@ def deployed_service(
             "default ServiceAccount",
         )
         apply_crds(cluster, api)
-        with Bridge(bridge_settings(cluster, log_dir, namespace)):
+        with Bridge(bridge_settings(cluster, log_dir, namespace)) as bridge:
             operator.start().wait_healthy()
             try:
-                service = Service(api, namespace, log_dir)
+                service = Service(api, namespace, log_dir, bridge=bridge)
                 service.custom.create_namespaced_custom_object(
                     labels.GROUP, labels.VERSION, namespace, labels.PLURAL,
                     service_manifest(namespace, counts),

@@ -25,14 +25,17 @@ stream); the load generator retries nothing, so each one would have reached a us
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -48,9 +51,14 @@ from e2e.children import (
     pod_summary,
 )
 from e2e.cluster import Cluster, wait_until
+from e2e.drain_scenario import Service, is_ready, pod_url, router_workers
 from e2e.fault_proxy import FaultProxy, FaultRates, injected, proxied_kubeconfig, summary
+from e2e.loadgen import OK, LoadRun, Phase, Record
 from e2e.operator_process import OperatorProcess
+from e2e.prometheus import Prometheus, start_for_cluster
 from pdfleet import labels
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 Progress = Callable[[str], None]
 #: 30 % of the operator's writes refused: half with 409, half with 429.
@@ -97,11 +105,22 @@ def table(outcomes: Sequence[Outcome]) -> str:
     return "\n".join(lines)
 
 
-def write_results(out: Path, outcomes: Sequence[Outcome]) -> None:
-    """`results.json` (every figure) and `table.md` in `out`."""
+def merged(old: Sequence[Outcome], new: Sequence[Outcome]) -> list[Outcome]:
+    """Pure: `old` with each fault `new` ran replaced, new faults appended (a run of some
+    faults with --only updates their rows and keeps the others)."""
+    fresh = {o.fault: o for o in new}
+    return [fresh.pop(o.fault, o) for o in old] + list(fresh.values())
+
+
+def write_results(out: Path, outcomes: Sequence[Outcome]) -> list[Outcome]:
+    """Merge into `results.json` (every figure) and rewrite `table.md` in `out`; all rows."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps([asdict(o) for o in outcomes], indent=2) + "\n")
-    (out / "table.md").write_text(table(outcomes) + "\n")
+    path = out / "results.json"
+    old = [Outcome(**row) for row in json.loads(path.read_text())] if path.exists() else []
+    rows = merged(old, outcomes)
+    path.write_text(json.dumps([asdict(o) for o in rows], indent=2) + "\n")
+    (out / "table.md").write_text(table(rows) + "\n")
+    return rows
 
 
 # ----- spec changes (pure) ---------------------------------------------------------------------
@@ -384,6 +403,265 @@ def conflicts_and_throttling(
     return outcome
 
 
+# ----- data-plane faults ------------------------------------------------------------------------
+
+#: Offered load while a data-plane fault happens: Poisson arrivals, each a streamed completion
+#: of about two seconds on the simulator (real time), so several streams are always in flight.
+LOAD = Phase("steady", duration_s=45.0, rate=4.0, prompt_tokens=256, output_tokens=256)
+#: Long enough for fresh metrics, an outage and the recovery (the fault waits on each).
+OUTAGE_LOAD = Phase("steady", duration_s=240.0, rate=2.0, prompt_tokens=256, output_tokens=256)
+#: A request that started this soon before the router noticed may already have been routed.
+ROUTING_SLACK_S = 1.0
+
+Marks = dict[str, float]
+
+
+def under_load(
+    url: str, fault: Callable[[float], Marks], seed: int, load: Phase = LOAD
+) -> tuple[list[Record], Marks]:
+    """Replay `load` against a router while `fault(t0)` runs in this thread; the records and
+    the fault's marks, both in seconds since t0 (the load's start)."""
+    run = LoadRun(url=url, model=MODEL, phases=[load], seed=seed)
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(asyncio.run, run.run())
+        try:
+            marks = fault(t0)
+        finally:
+            records = future.result(timeout=load.duration_s + 330)
+    return records, marks
+
+
+def split_failures(records: Sequence[Record], kill_s: float, settled_s: float) -> dict[str, int]:
+    """Pure: failed requests by when they started: before the kill (in flight on what was
+    killed), between the kill and `settled_s`, and after it."""
+    failed = [r for r in records if r.outcome != OK]
+    return {
+        "requests": len(records),
+        "in_flight_broken": sum(1 for r in failed if r.start_s < kill_s),
+        "failed_before_settled": sum(1 for r in failed if kill_s <= r.start_s < settled_s),
+        "failed_after_settled": sum(1 for r in failed if r.start_s >= settled_s),
+    }
+
+
+def restarts(pod: Mapping[str, Any]) -> int:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or ()
+    return sum(int(c.get("restartCount", 0)) for c in statuses)
+
+
+def kill_pod_process(service: Service, pod: Mapping[str, Any]) -> None:
+    """SIGKILL the process the bridge runs for `pod`'s container (kubelet restarts it)."""
+    assert service.bridge is not None
+    proc = service.bridge.process(service.namespace, pod["metadata"]["name"])
+    if proc is None or proc.pid is None:
+        raise RuntimeError(f"no process for {pod['metadata']['name']}")
+    os.kill(proc.pid, signal.SIGKILL)
+
+
+def pod_named(service: Service, name: str) -> dict[str, Any] | None:
+    return next((p for p in service.pods() if p["metadata"]["name"] == name), None)
+
+
+def restarted_and_ready(service: Service, name: str, before: int) -> bool:
+    pod = pod_named(service, name)
+    return pod is not None and restarts(pod) > before and is_ready(pod)
+
+
+def record_run(outcome: Outcome, figures: Mapping[str, float], failed: str | None) -> None:
+    """Add one run's client figures to the row; `failed` says why the run failed, if it did."""
+    outcome.runs += 1
+    outcome.requests = (outcome.requests or 0) + int(figures["requests"])
+    lost = figures["in_flight_broken"] + figures["failed_before_settled"]
+    outcome.lost = (outcome.lost or 0) + int(lost + figures["failed_after_settled"])
+    outcome.figures.setdefault("runs", []).append(dict(figures))
+    if failed:
+        outcome.fail(failed)
+
+
+def serving(service: Service) -> bool:
+    """Every pod Ready and the router lists all three workers as healthy."""
+    pods = service.pods()
+    if len(pods) != 4 or not all(is_ready(p) for p in pods):
+        return False
+    listed = router_workers(service.router()) or {}
+    return len(listed) == 3 and all(healthy for _, healthy in listed.values())
+
+
+def kill_router(service: Service, pod: Mapping[str, Any], wait_s: float, t0: float) -> Marks:
+    """After `wait_s`, SIGKILL the router; settled once it is back, Ready, with 3 workers."""
+    name, before, url = pod["metadata"]["name"], restarts(pod), service.router()
+    time.sleep(wait_s)
+    kill_pod_process(service, pod)
+    kill = time.monotonic() - t0
+    wait_until(partial(restarted_and_ready, service, name, before), 60, "the router back")
+    wait_until(lambda: len(router_workers(url) or {}) == 3, 30, "the router to list 3 workers")
+    return {"kill": kill, "settled": time.monotonic() - t0}
+
+
+def kill_worker(service: Service, pod: Mapping[str, Any], wait_s: float, t0: float) -> Marks:
+    """After `wait_s`, SIGKILL a worker; settled when the router stops listing it as healthy
+    or it is back (restarted, Ready, healthy in the router), whichever comes first."""
+    name, before, worker, router = (
+        pod["metadata"]["name"], restarts(pod), pod_url(pod), service.router(),
+    )  # fmt: skip
+    time.sleep(wait_s)
+    kill_pod_process(service, pod)
+    marks = {"kill": time.monotonic() - t0}
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        healthy = (router_workers(router) or {}).get(worker, ("", False))[1]
+        now = time.monotonic() - t0
+        if not healthy:
+            marks.setdefault("noticed", now)
+        if healthy and restarted_and_ready(service, name, before):
+            marks["back"] = now
+            marks["settled"] = min(marks.get("noticed", now), now) + ROUTING_SLACK_S
+            return marks
+        time.sleep(0.2)
+    raise TimeoutError(f"{name} not back and healthy in the router within 90 s")
+
+
+def repeat_under_load(
+    outcome: Outcome,
+    service: Service,
+    runs: int,
+    fault: Callable[[Service, Mapping[str, Any], float, float], Marks],
+    role: str,
+    seed: int,
+    progress: Progress,
+) -> Outcome:
+    """`runs` times: LOAD through the router while `fault` hits a random pod of `role`.
+    A run fails when the fault does not settle, or when a request that started after it
+    settled failed."""
+    rng = random.Random(seed)
+    for run in range(runs):
+        wait_until(partial(serving, service), 180, "every pod Ready and the router listing 3")
+        pod = rng.choice(service.role_pods(role))
+        hit = partial(fault, service, pod, rng.uniform(5.0, 10.0))
+        try:
+            records, marks = under_load(service.router(), hit, seed + run)
+        except TimeoutError as error:
+            outcome.runs += 1
+            outcome.fail(f"run {run + 1}: {error}")
+            continue
+        figures = {**split_failures(records, marks["kill"], marks["settled"]), **marks}
+        after = figures["failed_after_settled"]
+        record_run(outcome, figures, f"run {run + 1}: {after} failed after" if after else None)
+        progress(f"  run {run + 1}: {figures}")
+    return outcome
+
+
+def router_killed(
+    service: Service, runs: int, seed: int = 4, progress: Progress = print
+) -> Outcome:
+    """The router's process SIGKILLed under load; the bridge restarts it (restartPolicy
+    Always). A single replica: streams through it break and new requests are refused until
+    it is back; nothing may fail after."""
+    outcome = Outcome("router process SIGKILLed under load", requests=0, lost=0)
+    return repeat_under_load(
+        outcome, service, runs, kill_router, labels.ROLE_ROUTER, seed, progress
+    )
+
+
+def worker_killed(
+    service: Service, runs: int, seed: int = 5, progress: Progress = print
+) -> Outcome:
+    """A decode worker SIGKILLed mid-stream: its in-flight streams break and requests the
+    router sends it before it notices fail (both counted); nothing may fail after that."""
+    outcome = Outcome("decode worker SIGKILLed mid-stream", requests=0, lost=0)
+    return repeat_under_load(
+        outcome, service, runs, kill_worker, labels.ROLE_DECODE, seed, progress
+    )
+
+
+def autoscaling_patch(prometheus_url: str) -> dict[str, Any]:
+    """Autoscaling on, with room to move both ways, a 30 s window and no stabilization delay
+    upwards: without the hold, missing metrics would show as decisions at once."""
+    return {
+        "spec": {
+            labels.ROLE_PREFILL: {"replicas": {"min": 1, "max": 2, "initial": 1}},
+            labels.ROLE_DECODE: {"replicas": {"min": 1, "max": 3, "initial": 2}},
+            "slo": {"ttft": {"target": "500ms"}, "itl": {"target": "50ms"}, "window": "30s"},
+            "autoscaling": {
+                "enabled": True,
+                "gpuBudget": 5,
+                "prometheus": {"url": prometheus_url},
+                "interval": "5s",
+                "scaleUpStabilization": "0s",
+                "scaleDownStabilization": "20s",
+            },
+        }
+    }
+
+
+def metrics_condition(service: Service) -> dict[str, Any]:
+    obj = get_isvc(service.api, service.namespace, service.name)
+    found = [
+        c for c in (obj.get("status") or {}).get("conditions") or ()
+        if c["type"] == "MetricsAvailable"
+    ]  # fmt: skip
+    return dict(found[0]) if found else {}
+
+
+def desired(service: Service) -> tuple[int, int]:
+    status = get_isvc(service.api, service.namespace, service.name).get("status") or {}
+    return tuple(int((status.get(r) or {}).get("desired", 0)) for r in labels.WORKER_ROLES)  # type: ignore[return-value]
+
+
+def prometheus_outage(service: Service, prometheus: Prometheus, t0: float) -> Marks:
+    """Fresh metrics, then Prometheus stopped: MetricsAvailable=False (MetricsMissing) with a
+    Warning Event, and no scaling decision for 20 s; then back: True again."""
+    fresh = lambda: metrics_condition(service).get("status") == "True"  # noqa: E731
+    wait_until(fresh, 120, "MetricsAvailable=True")
+    before = desired(service)
+    prometheus.stop()
+    kill = time.monotonic() - t0
+    wait_until(
+        lambda: metrics_condition(service).get("reason") == "MetricsMissing",
+        60, "MetricsAvailable=False (MetricsMissing)",
+    )  # fmt: skip
+    held = time.monotonic() - t0
+    changed = []
+    for _ in range(20):
+        if desired(service) != before:
+            changed.append(desired(service))
+        time.sleep(1.0)
+    events = [e for e in service.events(["MetricsUnavailable"]) if e.type == "Warning"]
+    prometheus.restart()
+    wait_until(fresh, 120, "MetricsAvailable=True after the restart")
+    return {
+        "kill": kill,
+        "settled": kill,  # the client load does not depend on Prometheus at all
+        "held_after_s": held - kill,
+        "decisions_while_down": float(len(changed)),
+        "warning_events": float(len(events)),
+    }
+
+
+def prometheus_down(
+    cluster: Cluster, service: Service, runs: int, workdir: Path, progress: Progress = print
+) -> Outcome:
+    """Prometheus stopped under load with the autoscaler on: it must hold (no decision), say
+    why (condition, Event), and resume once Prometheus is back. No request may fail."""
+    outcome = Outcome("Prometheus down (autoscaler on)", requests=0, lost=0)
+    with start_for_cluster(cluster, workdir, namespaces=[service.namespace]) as prometheus:
+        patch_isvc(service.api, service.namespace, service.name, autoscaling_patch(prometheus.url))
+        for run in range(runs):
+            outcome_fault = partial(prometheus_outage, service, prometheus)
+            records, marks = under_load(service.router(), outcome_fault, 10 + run, OUTAGE_LOAD)
+            figures = {**split_failures(records, marks["kill"], marks["settled"]), **marks}
+            why = []
+            if marks["decisions_while_down"]:
+                why.append("scaled while metrics were missing")
+            if not marks["warning_events"]:
+                why.append("no MetricsUnavailable Event")
+            if figures["failed_after_settled"]:
+                why.append(f"{figures['failed_after_settled']} requests failed")
+            record_run(outcome, figures, f"run {run + 1}: {why}" if why else None)
+            progress(f"  run {run + 1}: {figures}")
+    return outcome
+
+
 # ----- the command -----------------------------------------------------------------------------
 
 Fault = Callable[[Cluster, Any, Path, argparse.Namespace, Progress], Outcome]
@@ -396,6 +674,44 @@ CONTROL_PLANE: dict[str, Fault] = {
 }
 
 
+ServiceFault = Callable[[Cluster, Service, argparse.Namespace, Progress], Outcome]
+
+#: Faults on the bridge cluster's service (1 prefill, 2 decode workers, 1 router), in order.
+DATA_PLANE: dict[str, ServiceFault] = {
+    "router": lambda _, svc, a, p: router_killed(svc, a.runs, progress=p),
+    "worker": lambda _, svc, a, p: worker_killed(svc, a.runs, progress=p),
+    # Last: it turns the autoscaler on, after which the pools may change size.
+    "prometheus": lambda c, svc, a, p: prometheus_down(
+        c, svc, a.prometheus_runs, a.workdir / "prometheus", p
+    ),
+}
+FLEET = {labels.ROLE_PREFILL: 1, labels.ROLE_DECODE: 2}
+
+
+def selected(names: Mapping[str, Any], args: argparse.Namespace) -> list[str]:
+    return [name for name in names if not args.only or name in args.only]
+
+
+def run_service_faults(
+    cluster: Cluster, args: argparse.Namespace, progress: Progress
+) -> list[Outcome]:
+    """The data-plane faults, on one service run by the bridge."""
+    from e2e.drain_scenario import apply_crds, deployed_service
+
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))  # type: ignore[no-untyped-call]
+    outcomes = []
+    try:
+        apply_crds(cluster, api)
+        progress("the bridge fleet (1 prefill, 2 decode, router) ...")
+        with deployed_service(cluster, api, args.workdir / "pods", FLEET) as service:
+            for name in selected(DATA_PLANE, args):
+                progress(f"{name} ...")
+                outcomes.append(DATA_PLANE[name](cluster, service, args, progress))
+    finally:
+        api.close()
+    return outcomes
+
+
 def run_faults(
     cluster: Cluster, faults: Mapping[str, Fault], args: argparse.Namespace, progress: Progress
 ) -> list[Outcome]:
@@ -406,9 +722,8 @@ def run_faults(
     outcomes = []
     try:
         apply_crds(cluster, api)
-        for name, fault in faults.items():
-            if args.only and name not in args.only:
-                continue
+        for name in selected(faults, args):
+            fault = faults[name]
             workdir = args.workdir / name
             workdir.mkdir(parents=True, exist_ok=True)
             progress(f"{name} ...")
@@ -425,7 +740,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write results.json, table.md")
     parser.add_argument("--reconciles", type=int, default=200)
     parser.add_argument("--runs", type=int, default=10, help="repetitions of the other faults")
-    parser.add_argument("--only", nargs="*", default=[], choices=[*CONTROL_PLANE])
+    parser.add_argument("--prometheus-runs", type=int, default=3, help="outages (4 min each)")
+    parser.add_argument("--only", nargs="*", default=[], choices=[*CONTROL_PLANE, *DATA_PLANE])
     parser.add_argument("--workdir", type=Path, default=None, help="logs (default: a temp dir)")
     args = parser.parse_args(argv)
     args.workdir = args.workdir or Path(tempfile.mkdtemp(prefix="pdfleet-faults-"))
@@ -435,8 +751,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(line, flush=True)
 
     outcomes: list[Outcome] = []
-    with local_cluster(args.workdir / "kwok-plain", "pdfleet-faults", bridge_label=None) as cp:
-        outcomes += run_faults(cp, CONTROL_PLANE, args, progress)
+    if selected(CONTROL_PLANE, args):
+        with local_cluster(args.workdir / "kwok-plain", "pdfleet-faults", bridge_label=None) as cp:
+            outcomes += run_faults(cp, CONTROL_PLANE, args, progress)
+    if selected(DATA_PLANE, args):
+        with local_cluster(args.workdir / "kwok-bridge", "pdfleet-faults-fleet") as fleet:
+            outcomes += run_service_faults(fleet, args, progress)
     print(table(outcomes))
     for o in outcomes:
         for problem in o.problems:
