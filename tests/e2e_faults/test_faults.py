@@ -16,6 +16,7 @@ from e2e.faults import (
     apiserver_restart,
     conflicts_and_throttling,
     operator_sigkill,
+    prometheus_down,
     router_killed,
     table,
     worker_killed,
@@ -63,3 +64,13 @@ def test_worker_killed_mid_stream_nothing_fails_once_the_router_noticed(fleet: S
     outcome = worker_killed(fleet, runs=1)
     check(outcome, 1)
     assert outcome.requests
+
+
+def test_prometheus_down_the_autoscaler_holds_and_says_why(
+    bridge_cluster: Cluster, fleet: Service, tmp_path: Path
+) -> None:
+    # Last in this file: it turns the autoscaler on, after which the pools may change size.
+    outcome = prometheus_down(bridge_cluster, fleet, 1, tmp_path)
+    check(outcome, 1)
+    (run,) = outcome.figures["runs"]
+    assert run["warning_events"] >= 1 and run["decisions_while_down"] == 0, run
