@@ -415,7 +415,7 @@ class Cluster:
         text = yaml.safe_dump_all(list(manifests), sort_keys=False)
         self.kubectl("apply", "--server-side", "--field-manager=pdfleet-e2e", "-f", "-", stdin=text)
 
-    def create_namespace(self, name: str, timeout_s: float = 30.0) -> str:
+    def create_namespace(self, name: str, timeout_s: float = 120.0) -> str:
         """Create namespace ``name`` and wait for its default ServiceAccount (pods are refused
         until kube-controller-manager has made it); returns ``name``."""
         self.kubectl("create", "namespace", name)

@@ -545,8 +545,12 @@ def repeat_under_load(
             outcome.fail(f"run {run + 1}: {error}")
             continue
         figures = {**split_failures(records, marks["kill"], marks["settled"]), **marks}
-        after = figures["failed_after_settled"]
-        record_run(outcome, figures, f"run {run + 1}: {after} failed after" if after else None)
+        late = [
+            f"{r.outcome} at {r.start_s:.1f}s: {r.detail}"
+            for r in records
+            if r.outcome != OK and r.start_s >= marks["settled"]
+        ]
+        record_run(outcome, figures, f"run {run + 1}: failed after: {late[:3]}" if late else None)
         progress(f"  run {run + 1}: {figures}")
     return outcome
 
