@@ -373,6 +373,11 @@ def require_private_netns() -> None:
 # ---------------------------------------------------------------------------------------
 
 
+# Components started again by Cluster.crash_and_restart: kept referenced until they have exited
+# (kwokctl ends them by pid file in stop()), and reaped there.
+_RESTARTED: list[subprocess.Popen[bytes]] = []
+
+
 @dataclass(frozen=True)
 class Cluster:
     """A running local cluster."""
@@ -460,6 +465,7 @@ class Cluster:
                     argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
                 )
             (state / "pids" / f"{name}.pid").write_text(str(proc.pid))
+            _RESTARTED.append(proc)
 
     def component_pids(self) -> dict[str, int]:
         """PIDs of the running components, as seen inside the namespace (kwokctl pid files)."""
@@ -582,6 +588,7 @@ def stop(cluster: Cluster | ClusterConfig | None = None) -> None:
     # state is only removed.
     if state.exists() and cluster.is_running():
         cluster.kwokctl("delete", "cluster", f"--kubeconfig={cluster.kubeconfig}")
+    _RESTARTED[:] = [p for p in _RESTARTED if p.poll() is None]
     shutil.rmtree(state, ignore_errors=True)
     cluster.kubeconfig.unlink(missing_ok=True)
     cluster.config.config_file.unlink(missing_ok=True)

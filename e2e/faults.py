@@ -229,7 +229,7 @@ def start_converged(
 ) -> int:
     """Start `operator`, wait until the services converged; its pid (the runs then check
     that the same process is still the one running)."""
-    operator.start().wait_healthy()
+    operator.start().wait_healthy(timeout=180)  # a Python start on a loaded machine
     problems = wait_converged(api, namespace, names, 180)
     if problems or operator.process is None:
         raise RuntimeError(f"the services never converged before the first fault: {problems}")
