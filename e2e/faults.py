@@ -329,9 +329,9 @@ def apiserver_restart(
                 wait_until(cluster.is_running, 120, "the API server back", interval_s=0.5)
                 back = time.time()
                 patch_isvc(api, namespace, names[0], random_change(rng))
-                # Children and observedGeneration: the watches are back. Ready is reported
-                # apart: kopf keeps objects deleted during the outage in its indexes (see
-                # docs/reliability.md), so the pool counts in status can stay stale.
+                # Children and observedGeneration: the watches are back. Ready is counted
+                # apart: it also needs the controller-manager, which may have exited during
+                # the outage (docs/reliability.md, "Known").
                 problems = wait_converged(api, namespace, names, 120, require_ready=False)
                 if wait_converged(api, namespace, names, 30):
                     stale += 1
