@@ -16,6 +16,8 @@ SCENARIO_TESTS := tests/e2e_drain tests/e2e_autoscale
 DEMO_ARGS ?=
 NIXL_PIN := nixl-cu12==1.5.1
 BENCH_SCALE_ARGS ?=
+# The fault suite's full repetitions (docs/reliability.md); FAULTS_ARGS=--only router worker ...
+FAULTS_ARGS ?=
 
 .DEFAULT_GOAL := help
 
@@ -57,15 +59,18 @@ test-integration: $(STAMP) toolchain ## Real kube-apiserver, vllm-router and Pro
 test-e2e: $(STAMP) toolchain ## The whole fleet: operator, process bridge, router, simulators.
 	$(NETNS) $(PYTEST) $(E2E_TESTS)
 
-test-scenarios: $(STAMP) toolchain ## Drain cycles and autoscaling scenarios on the local cluster (~25 min).
+test-scenarios: $(STAMP) toolchain ## Drain cycles, autoscaling and the short fault suite on the local cluster (~32 min).
 	$(NETNS) $(PYTEST) $(SCENARIO_TESTS)
 
 test: verify test-integration test-e2e ## Everything CI runs.
 
 bench-scale: $(STAMP) toolchain ## 1,000 InferenceServices on the local cluster, measured (BENCH_SCALE_ARGS=--services 100).
 	$(NETNS) $(PY) -m e2e.bench_scale $(BENCH_SCALE_ARGS)
+test-faults: $(STAMP) toolchain ## The fault suite: tests/e2e_faults, then the full repetitions (docs/benchmarks/faults).
+	$(NETNS) $(PYTEST) tests/e2e_faults
+	$(NETNS) $(PY) -m e2e.faults --out docs/benchmarks/faults $(FAULTS_ARGS)
 
 demo: $(STAMP) toolchain ## The demo fleet rebalancing itself under a load shift (DEMO_ARGS=--keep).
 	$(NETNS) $(PY) -m e2e.demo $(DEMO_ARGS)
 
-.PHONY: help install toolchain manifests lint test-unit verify test-integration test-e2e test-scenarios test demo bench-scale
+.PHONY: help install toolchain manifests lint test-unit verify test-integration test-e2e test-scenarios test-faults test demo bench-scale

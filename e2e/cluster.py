@@ -33,6 +33,7 @@ import ipaddress
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -385,6 +386,11 @@ def require_private_netns() -> None:
 # ---------------------------------------------------------------------------------------
 
 
+# Components started again by Cluster.crash_and_restart: kept referenced until they have exited
+# (kwokctl ends them by pid file in stop()), and reaped there.
+_RESTARTED: list[subprocess.Popen[bytes]] = []
+
+
 @dataclass(frozen=True)
 class Cluster:
     """A running local cluster."""
@@ -427,6 +433,18 @@ class Cluster:
         text = yaml.safe_dump_all(list(manifests), sort_keys=False)
         self.kubectl("apply", "--server-side", "--field-manager=pdfleet-e2e", "-f", "-", stdin=text)
 
+    def create_namespace(self, name: str, timeout_s: float = 120.0) -> str:
+        """Create namespace ``name`` and wait for its default ServiceAccount (pods are refused
+        until kube-controller-manager has made it); returns ``name``."""
+        self.kubectl("create", "namespace", name)
+        wait_until(
+            lambda: bool(self.kubectl("get", "serviceaccounts", "-n", name, "-o", "name").split()),
+            timeout_s,
+            f"the default ServiceAccount in {name}",
+            interval_s=0.5,
+        )
+        return name
+
     def is_running(self) -> bool:
         """True when the API server answers ``/readyz``."""
         if not self.kubeconfig.exists():
@@ -436,6 +454,31 @@ class Cluster:
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
             return False
         return True
+
+    def crash_and_restart(self, components: Sequence[str], down_s: float) -> None:
+        """SIGKILL ``components`` (e.g. etcd and kube-apiserver), keep them down for
+        ``down_s``, then start them again with their own command lines, as a supervisor
+        (systemd, kubelet for static pods) would. The other components stay up and must
+        reconnect; etcd's data directory survives. The new pids go into kwokctl's pid files,
+        so that :func:`stop` still ends them."""
+        state = self.config.workdir / "clusters" / self.config.name
+        pids = self.component_pids()
+        launches = []
+        for name in components:
+            pid = pids[name]
+            argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")[:-1]
+            launches.append((name, argv, os.readlink(f"/proc/{pid}/cwd")))
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(down_s)
+        for name, argv, cwd in launches:
+            log_dir = state / "logs"
+            log_dir.mkdir(parents=True, exist_ok=True)
+            with (log_dir / f"{name}.log").open("ab") as log:  # the child keeps its own fd
+                proc = subprocess.Popen(
+                    argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            (state / "pids" / f"{name}.pid").write_text(str(proc.pid))
+            _RESTARTED.append(proc)
 
     def component_pids(self) -> dict[str, int]:
         """PIDs of the running components, as seen inside the namespace (kwokctl pid files)."""
@@ -558,6 +601,7 @@ def stop(cluster: Cluster | ClusterConfig | None = None) -> None:
     # state is only removed.
     if state.exists() and cluster.is_running():
         cluster.kwokctl("delete", "cluster", f"--kubeconfig={cluster.kubeconfig}")
+    _RESTARTED[:] = [p for p in _RESTARTED if p.poll() is None]
     shutil.rmtree(state, ignore_errors=True)
     cluster.kubeconfig.unlink(missing_ok=True)
     cluster.config.config_file.unlink(missing_ok=True)

@@ -114,6 +114,8 @@ class Service:
     log_dir: Path
     """The bridge's log directory: one folder per pod (uid), kept after the pod is gone."""
     name: str = SERVICE
+    bridge: Bridge | None = None
+    """The bridge running its pods (process ids, to kill a container's process)."""
 
     def __post_init__(self) -> None:
         self.core: Any = client.CoreV1Api(self.api)
@@ -489,31 +491,31 @@ def bridge_settings(cluster: Cluster, log_dir: Path, namespace: str) -> BridgeSe
     )
 
 
+@dataclass(frozen=True)
+class Operated:
+    """A namespace with its bridge and operator running (see `operated_namespace`)."""
+
+    namespace: str
+    bridge: Bridge
+
+
 @contextlib.contextmanager
-def operated_namespace(cluster: Cluster, api: Any, log_dir: Path, prefix: str) -> Iterator[str]:
+def operated_namespace(
+    cluster: Cluster, api: Any, log_dir: Path, prefix: str
+) -> Iterator[Operated]:
     """A fresh namespace whose pods a bridge runs and whose InferenceServices a real operator
     process reconciles; deleted afterwards, its pods finalized by the bridge."""
     core = client.CoreV1Api(api)
-    namespace = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    namespace = cluster.create_namespace(f"{prefix}-{uuid.uuid4().hex[:8]}")
     operator = OperatorProcess(
         kubeconfig=cluster.kubeconfig, log_path=log_dir / "operator.log", resync_seconds=5.0
     )
     try:
-        wait_until(
-            lambda: (
-                core.list_namespaced_service_account(
-                    namespace, field_selector="metadata.name=default"
-                ).items
-            ),
-            30,
-            "default ServiceAccount",
-        )
         apply_crds(cluster, api)
-        with Bridge(bridge_settings(cluster, log_dir, namespace)):
+        with Bridge(bridge_settings(cluster, log_dir, namespace)) as bridge:
             operator.start().wait_healthy()
             try:
-                yield namespace
+                yield Operated(namespace, bridge)
             finally:
                 operator.stop()
                 core.delete_namespace(namespace)
@@ -529,11 +531,11 @@ def deployed_service(
 ) -> Iterator[Service]:
     """A namespace with the InferenceService at `counts`, its pods run by a bridge and
     reconciled by a real operator process; everything removed afterwards."""
-    with operated_namespace(cluster, api, log_dir, "drain") as namespace:
-        service = Service(api, namespace, log_dir)
+    with operated_namespace(cluster, api, log_dir, "drain") as operated:
+        service = Service(api, operated.namespace, log_dir, bridge=operated.bridge)
         service.custom.create_namespaced_custom_object(
-            labels.GROUP, labels.VERSION, namespace, labels.PLURAL,
-            service_manifest(namespace, counts),
+            labels.GROUP, labels.VERSION, operated.namespace, labels.PLURAL,
+            service_manifest(operated.namespace, counts),
         )  # fmt: skip
         wait_until(lambda: _router_up(service), 180, "router Ready")
         wait_settled(service, counts, 240)
@@ -545,13 +547,15 @@ def _router_up(service: Service) -> bool:
 
 
 @contextlib.contextmanager
-def local_cluster(workdir: Path) -> Iterator[Cluster]:
+def local_cluster(
+    workdir: Path, name: str = "pdfleet-drain", bridge_label: str | None = OWNED_LABEL
+) -> Iterator[Cluster]:
+    """A cluster of its own for a command (not a test session); its pods with a
+    `bridge_label` are left to a bridge (None: kwok runs every pod)."""
     bin_dir = toolchain_bin_dir()
     require_toolchain(bin_dir)
     require_private_netns()
-    cfg = ClusterConfig(
-        name="pdfleet-drain", workdir=workdir, bin_dir=bin_dir, bridge_label=OWNED_LABEL
-    )
+    cfg = ClusterConfig(name=name, workdir=workdir, bin_dir=bin_dir, bridge_label=bridge_label)
     started = start(cfg)
     try:
         yield started

@@ -12,6 +12,7 @@ a failure, never a skip.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,15 +59,17 @@ def require_cluster_tools(suite: str) -> Path:
     return bin_dir
 
 
-@pytest.fixture(scope="session")
-def bridge_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A cluster whose pdfleet pods (any ``pdfleet.dev/role``) are run by a bridge."""
-    bin_dir = require_cluster_tools("tests/e2e_bridge")
+@contextlib.contextmanager
+def local_cluster(
+    tmp_path_factory: pytest.TempPathFactory, name: str, bridge_label: str | None, suite: str
+) -> Iterator[Cluster]:
+    """A cluster for a fixture: started in a temp dir, stopped and deleted afterwards."""
+    bin_dir = require_cluster_tools(suite)
     cfg = ClusterConfig(
-        name="pdfleet-bridge",
+        name=name,
         workdir=tmp_path_factory.mktemp("kwok"),
         bin_dir=bin_dir,
-        bridge_label=OWNED_LABEL,
+        bridge_label=bridge_label,
     )
     started = start(cfg)
     try:
@@ -75,12 +78,26 @@ def bridge_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster
         stop(started)
 
 
-@pytest.fixture(scope="session")
-def api_client(bridge_cluster: Cluster) -> Iterator[Any]:
+@contextlib.contextmanager
+def kube_client(cluster: Cluster) -> Iterator[Any]:
+    """A ``kubernetes.client.ApiClient`` for ``cluster``, closed afterwards."""
     api = config.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=str(bridge_cluster.kubeconfig)
+        config_file=str(cluster.kubeconfig)
     )
     try:
         yield api
     finally:
         api.close()
+
+
+@pytest.fixture(scope="session")
+def bridge_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A cluster whose pdfleet pods (any ``pdfleet.dev/role``) are run by a bridge."""
+    with local_cluster(tmp_path_factory, "pdfleet-bridge", OWNED_LABEL, "tests/e2e_bridge") as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def api_client(bridge_cluster: Cluster) -> Iterator[Any]:
+    with kube_client(bridge_cluster) as api:
+        yield api

@@ -72,7 +72,8 @@ def service(
     bridge_cluster: Cluster, api_client: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Service]:
     log_dir = tmp_path_factory.mktemp("kv-preflight")
-    with operated_namespace(bridge_cluster, api_client, log_dir, "kvpf") as namespace:
+    with operated_namespace(bridge_cluster, api_client, log_dir, "kvpf") as operated:
+        namespace = operated.namespace
         svc = Service(api_client, namespace)
         svc.custom.create_namespaced_custom_object(
             labels.GROUP, labels.VERSION, namespace, labels.PLURAL, _manifest(namespace)

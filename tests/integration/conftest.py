@@ -20,17 +20,10 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client, config
+from kubernetes import client
 
-from e2e.cluster import (
-    REPO_ROOT,
-    Cluster,
-    ClusterConfig,
-    start,
-    stop,
-    wait_until,
-)
-from tests.e2e_support import require_cluster_tools
+from e2e.cluster import BRIDGE_LABEL, REPO_ROOT, Cluster, wait_until
+from tests.e2e_support import kube_client, local_cluster
 
 HERE = Path(__file__).resolve().parent
 CRD_DIR = REPO_ROOT / "crds"
@@ -46,23 +39,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The session's cluster: started once, stopped (and its state deleted) at the end."""
-    bin_dir = require_cluster_tools("tests/integration")
-    cfg = ClusterConfig(name="pdfleet-it", workdir=tmp_path_factory.mktemp("kwok"), bin_dir=bin_dir)
-    started = start(cfg)
-    try:
-        yield started
-    finally:
-        stop(started)
+    with local_cluster(tmp_path_factory, "pdfleet-it", BRIDGE_LABEL, "tests/integration") as c:
+        yield c
 
 
 @pytest.fixture(scope="session")
 def api_client(cluster: Cluster) -> Iterator[Any]:
     """A ``kubernetes.client.ApiClient`` configured from the cluster's kubeconfig."""
-    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-    try:
+    with kube_client(cluster) as api:
         yield api
-    finally:
-        api.close()
 
 
 def crd_files(directory: Path = CRD_DIR) -> list[Path]:

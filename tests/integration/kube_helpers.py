@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
 
+from e2e.children import get_isvc, list_children, patch_isvc
 from pdfleet import labels
-from pdfleet.kube.api import KINDS
-from pdfleet.reconcile.plan import OWNED_KINDS
+
+__all__ = ["get_isvc", "list_children", "patch_isvc"]
 
 
 def custom(api: Any) -> client.CustomObjectsApi:
@@ -24,19 +24,6 @@ def create_isvc(api: Any, namespace: str, obj: dict[str, Any]) -> dict[str, Any]
         labels.GROUP, labels.VERSION, namespace, labels.PLURAL, obj
     )
     return created
-
-
-def get_isvc(api: Any, namespace: str, name: str) -> dict[str, Any]:
-    obj: dict[str, Any] = custom(api).get_namespaced_custom_object(
-        labels.GROUP, labels.VERSION, namespace, labels.PLURAL, name
-    )
-    return obj
-
-
-def patch_isvc(api: Any, namespace: str, name: str, patch: dict[str, Any]) -> None:
-    custom(api).patch_namespaced_custom_object(
-        labels.GROUP, labels.VERSION, namespace, labels.PLURAL, name, patch
-    )
 
 
 def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -81,25 +68,6 @@ def wait_ready(api: Any, namespace: str, name: str, timeout: float = 90.0) -> di
         ]
         raise AssertionError(f"{error}; conditions: {conditions}") from None
     return result
-
-
-def list_children(api: Any, namespace: str, service: str) -> list[dict[str, Any]]:
-    """Every object of the kinds pdfleet creates that carries the service's label."""
-    selector = f"{labels.SERVICE}={service}"
-    found = []
-    for kind in OWNED_KINDS:
-        path = KINDS[kind].collection(namespace)
-        data = api.call_api(
-            *api.param_serialize(
-                "GET",
-                path,
-                query_params=[("labelSelector", selector)],
-                auth_settings=["BearerToken"],
-            )
-        ).read()
-        for item in json.loads(data)["items"]:
-            found.append({**item, "kind": kind})
-    return found
 
 
 def pods(api: Any, namespace: str, service: str) -> list[Any]:

@@ -146,6 +146,17 @@ def test_router_discovers_both_pools_in_its_namespace() -> None:
     assert _find(children, "PodDisruptionBudget", "llama-70b-router")["spec"]["maxUnavailable"] == 1
 
 
+def test_router_liveness_waits_for_a_slow_start() -> None:
+    """A restarted router that is slow to listen must not be killed by liveness in a loop."""
+    children = _children(_service("minimal"))
+    (container,) = _find(children, "Deployment", "llama-8b-router")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    startup = container["startupProbe"]
+    assert startup["httpGet"]["path"] == "/liveness"
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 60
+
+
 def test_external_router_renders_no_router() -> None:
     children = _children(_service("minimal", {"spec": {"router": {"type": "external"}}}))
     assert not [c for c in children if c["metadata"]["labels"]["pdfleet.dev/role"] == "router"]

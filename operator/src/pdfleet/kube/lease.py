@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -51,6 +52,26 @@ def can_take(state: LeaseState, identity: str, now: datetime) -> bool:
     if state.holder in (None, "", identity) or state.renewed is None:
         return True
     return now >= state.renewed + timedelta(seconds=state.duration_s)
+
+
+# What a renewal may fail with: an API error (409 from a stale read, 429, 5xx) or no answer at
+# all (the API server restarting: connection refused, timeouts). None of them means another
+# replica holds the lease.
+TRANSIENT = (ApiException, urllib3.exceptions.HTTPError, OSError)
+
+
+def renewal_verdict(
+    renewed: bool, held_by_other: bool, since_ok_s: float, deadline_s: float
+) -> str:
+    """Pure: after one renewal attempt, "renewed", "retry" or "lost".
+
+    Lost only when another replica holds the lease, or when no renewal has succeeded for
+    `deadline_s` (shorter than the lease, so this replica stops before another may start)."""
+    if renewed:
+        return "renewed"
+    if held_by_other or since_ok_s >= deadline_s:
+        return "lost"
+    return "retry"
 
 
 class LeaderElector:
@@ -127,30 +148,56 @@ class LeaderElector:
                 if self.try_acquire_or_renew():
                     log.info("acquired leader lease %s/%s", self.namespace, self.name)
                     return True
-            except ApiException as error:
-                log.warning("lease check failed: %s", error.reason)
+            except TRANSIENT as error:
+                log.warning("lease check failed: %s", _reason(error))
             stop.wait(self.renew_every_s)
         return False
 
+    @property
+    def renew_deadline_s(self) -> float:
+        """Give up this long after the last successful renewal: one renew period before the
+        lease expires, as client-go's renewDeadline, so two replicas never overlap."""
+        return max(self.duration_s - self.renew_every_s, self.renew_every_s)
+
+    def _held_by_other(self) -> bool:
+        found = self._read()
+        return found is not None and found[1].holder not in (None, "", self.identity)
+
     def keep_renewing(self, stop: threading.Event, on_lost: Callable[[], None]) -> None:
-        """Renew until `stop`; call `on_lost` once renewal has failed for a whole lease."""
+        """Renew until `stop`; call `on_lost` once another replica holds the lease or renewal
+        has failed until the renew deadline. A conflict (409) or an unreachable API server is
+        retried: it says nothing about who holds the lease."""
         last_ok = self.clock()
         while not stop.wait(self.renew_every_s):
+            renewed = held_by_other = False
             try:
-                if self.try_acquire_or_renew():
-                    last_ok = self.clock()
-                    continue
-                log.error("leader lease %s/%s taken by another replica", self.namespace, self.name)
-            except ApiException as error:
-                log.warning("lease renewal failed: %s", error.reason)
-                if self.clock() - last_ok < timedelta(seconds=self.duration_s):
-                    continue
-            on_lost()
-            return
+                renewed = self.try_acquire_or_renew()
+                held_by_other = not renewed and self._held_by_other()
+            except TRANSIENT as error:
+                log.warning("lease renewal failed: %s", _reason(error))
+            if renewed:
+                last_ok = self.clock()
+            since_ok = (self.clock() - last_ok).total_seconds()
+            verdict = renewal_verdict(renewed, held_by_other, since_ok, self.renew_deadline_s)
+            if verdict == "lost":
+                log.error(
+                    "leader lease %s/%s lost (%s)",
+                    self.namespace,
+                    self.name,
+                    "held by another replica"
+                    if held_by_other
+                    else f"not renewed for {since_ok:.0f}s",
+                )
+                on_lost()
+                return
 
     def release(self) -> None:
         """Give the lease up on a clean shutdown so a standby takes over at once."""
-        found = self._read()
+        try:
+            found = self._read()
+        except TRANSIENT as error:  # no API server: the lease simply expires
+            log.warning("could not release the lease: %s", _reason(error))
+            return
         if found is None or found[1].holder != self.identity:
             return
         lease = found[0]
@@ -168,3 +215,7 @@ class LeaderElector:
             self.coordination.replace_namespaced_lease(self.name, self.namespace, body)  # type: ignore[arg-type]
         except ApiException as error:
             log.warning("could not release the lease: %s", error.reason)
+
+
+def _reason(error: BaseException) -> str:
+    return str(getattr(error, "reason", None) or error)

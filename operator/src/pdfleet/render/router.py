@@ -72,6 +72,14 @@ def router_deployment(isvc: InferenceService, config: RenderConfig) -> Manifest:
             {"name": "metrics", "containerPort": router.metrics_port, "protocol": "TCP"},
         ],
         # /health is 503 as soon as any one worker is unhealthy: probe /liveness and /readiness.
+        # The startup probe holds liveness off while the router starts (its Python launcher
+        # alone took 10 s on a busy node): without it a restarted router was killed by
+        # liveness before it listened, again and again.
+        "startupProbe": {
+            "httpGet": {"path": "/liveness", **probe_port},
+            "periodSeconds": 2,
+            "failureThreshold": 60,
+        },
         "livenessProbe": {"httpGet": {"path": "/liveness", **probe_port}, "periodSeconds": 10},
         "readinessProbe": {"httpGet": {"path": "/readiness", **probe_port}, "periodSeconds": 5},
         "securityContext": {
