@@ -256,18 +256,9 @@ def running_fleet(
     with contextlib.ExitStack() as stack:
         apply_crds(cluster)
         if namespace != "default":
-            core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+            cluster.create_namespace(namespace)
             if not keep:
                 stack.callback(_delete_namespace, core, namespace)
-            wait_until(
-                lambda: bool(
-                    core.list_namespaced_service_account(
-                        namespace, field_selector="metadata.name=default"
-                    ).items
-                ),
-                30,
-                "default ServiceAccount",
-            )
         progress("starting Prometheus (Kubernetes service discovery) ...")
         prometheus = start_for_cluster(cluster, workdir / "prometheus")
         if not keep:

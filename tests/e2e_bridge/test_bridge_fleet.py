@@ -93,16 +93,7 @@ def report(name: str, value: float) -> None:
 def fleet(bridge_cluster: Cluster, api_client: Any, bridge: Bridge) -> Iterator[Fleet]:
     core = client.CoreV1Api(api_client)
     namespace = f"e2e-{uuid.uuid4().hex[:8]}"
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    wait_until(
-        lambda: (
-            core.list_namespaced_service_account(
-                namespace, field_selector="metadata.name=default"
-            ).items
-        ),
-        30,
-        "default ServiceAccount",
-    )
+    bridge_cluster.create_namespace(namespace)
     doc = yaml.safe_load((REPO_ROOT / "crds/samples/minimal.yaml").read_text())
     doc["metadata"]["namespace"] = namespace
     isvc = InferenceService.model_validate(doc)
@@ -313,7 +304,7 @@ def test_kwok_only_gives_an_ip_to_pods_the_bridge_owns(
     runner for is left exactly so."""
     core: Any = client.CoreV1Api(api_client)
     namespace = f"e2e-{uuid.uuid4().hex[:8]}"
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    bridge_cluster.create_namespace(namespace)
 
     def pod(name: str, labels: dict[str, str]) -> dict[str, Any]:
         return {
@@ -327,15 +318,6 @@ def test_kwok_only_gives_an_ip_to_pods_the_bridge_owns(
         }
 
     try:
-        wait_until(
-            lambda: (
-                core.list_namespaced_service_account(
-                    namespace, field_selector="metadata.name=default"
-                ).items
-            ),
-            30,
-            "default ServiceAccount",
-        )
         bridge_cluster.apply([pod("kwok-run", {}), pod("tool", {"pdfleet.dev/role": "tool"})])
 
         def read(name: str) -> dict[str, Any]:

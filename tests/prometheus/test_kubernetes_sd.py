@@ -61,7 +61,7 @@ def discovered(
 ) -> Iterator[Discovered]:
     core = client.CoreV1Api(api_client)
     namespace = f"prom-{uuid.uuid4().hex[:8]}"
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    bridge_cluster.create_namespace(namespace)
     tmp = tmp_path_factory.mktemp("prom-sd")
     settings = BridgeSettings(
         kubeconfig=bridge_cluster.kubeconfig,
@@ -73,15 +73,6 @@ def discovered(
     deleted = False
     try:
         with Bridge(settings):
-            wait_until(
-                lambda: (
-                    core.list_namespaced_service_account(
-                        namespace, field_selector="metadata.name=default"
-                    ).items
-                ),
-                30,
-                "default ServiceAccount",
-            )
             doc = yaml.safe_load((REPO_ROOT / "crds/samples/minimal.yaml").read_text())
             doc["metadata"]["namespace"] = namespace
             isvc = InferenceService.model_validate(doc)
