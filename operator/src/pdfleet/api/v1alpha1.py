@@ -776,7 +776,11 @@ class SLOStatus(ApiModel):
     """Measured latency against the SLO."""
 
     ttft_seconds: float | None = Field(None, description="Measured TTFT at the SLO percentile.")
-    itl_seconds: float | None = Field(None, description="Measured ITL at the SLO percentile.")
+    itl_seconds: float | None = Field(
+        None,
+        description="Measured ITL: the window's mean (vLLM's ITL buckets are too coarse for "
+        "a percentile).",
+    )
     ttft: str = Field("", description="Measured/target TTFT, for kubectl get.")
     itl: str = Field("", description="Measured/target ITL, for kubectl get.")
     window: str = Field("", description="Window the figures cover.")
