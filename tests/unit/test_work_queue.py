@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from pdfleet.handlers import RESYNC, URGENT, WorkQueue
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from pdfleet.handlers import RESYNC, URGENT, WorkQueue, retry_after
 
 Key = tuple[str, str]
 
@@ -55,3 +58,26 @@ async def test_a_key_queued_again_after_its_run_runs_again() -> None:
     finally:
         await queue.stop()
     assert ran == [("ns", "a"), ("ns", "a")]
+
+
+def _api_error(status: int, headers: dict[str, str] | None = None) -> ApiException:
+    error = ApiException(status=status, reason="test")
+    error.headers = headers
+    return error
+
+
+@pytest.mark.parametrize(
+    ("error", "want"),
+    [
+        (_api_error(409), (1.0, True)),
+        (_api_error(429, {"Retry-After": "3"}), (3.0, True)),
+        (_api_error(429, {"Retry-After": "0"}), (1.0, True)),  # never a hot loop
+        (_api_error(429, {"Retry-After": "3600"}), (60.0, True)),  # nor a stuck service
+        (_api_error(429, {"Retry-After": "soon"}), (5.0, True)),
+        (_api_error(429), (5.0, True)),
+        (_api_error(500), (5.0, False)),
+        (RuntimeError("bug"), (5.0, False)),
+    ],
+)
+def test_retry_after(error: BaseException, want: tuple[float, bool]) -> None:
+    assert retry_after(error) == want

@@ -94,9 +94,37 @@ class WorkQueue:
                 delay = getattr(result, "requeue_after_s", None)
                 if delay:
                     asyncio.get_running_loop().call_later(delay, self.put, key)
-            except Exception:  # one bad object must never stop the others
-                log.exception("reconcile of %s/%s failed; retrying later", *key)
-                asyncio.get_running_loop().call_later(5.0, self.put, key)
+            except Exception as error:  # one bad object must never stop the others
+                delay, expected = retry_after(error)
+                if expected:
+                    log.warning("reconcile of %s/%s: %s; retrying in %.0fs", *key, error, delay)
+                else:
+                    log.exception("reconcile of %s/%s failed; retrying in %.0fs", *key, delay)
+                asyncio.get_running_loop().call_later(delay, self.put, key)
+
+
+RETRY_S = 5.0
+MAX_RETRY_AFTER_S = 60.0
+
+
+def retry_after(error: BaseException) -> tuple[float, bool]:
+    """(seconds until the next pass, whether the failure is an expected API answer).
+
+    A 409 (someone wrote the object in between) is retried at once, since the next pass reads
+    the newer state; a 429 waits what the API server's Retry-After asks (its priority and
+    fairness sets it), within bounds. Anything else waits a fixed delay and is logged with
+    its traceback."""
+    status = getattr(error, "status", None)
+    if status == 409:
+        return 1.0, True
+    if status == 429:
+        headers = getattr(error, "headers", None) or {}
+        try:
+            asked = float(headers.get("Retry-After", RETRY_S))
+        except (TypeError, ValueError):
+            asked = RETRY_S
+        return min(max(asked, 1.0), MAX_RETRY_AFTER_S), True
+    return RETRY_S, False
 
 
 def observed_for(key: Key, indices: Mapping[str, Any]) -> Observed:
