@@ -154,6 +154,11 @@ def test_record_and_same_outcome() -> None:
     later = {**record, "measuredTime": "2026-11-29T12:01:00Z"}
     assert plan.same_outcome(record, later) and not plan.same_outcome(None, later)
     assert not plan.same_outcome(record, {**later, "bandwidthGbps": 0.6})
+    # A failed run's record as the API server stores it (the merge patch drops null fields)
+    # is the same outcome as the fresh one that still carries them.
+    failed = {**record, "bandwidthGbps": None, "latencyMs": None, "error": "refused"}
+    stored = {k: v for k, v in failed.items() if v is not None}
+    assert plan.same_outcome(stored, {**failed, "measuredTime": "2026-11-29T12:02:00Z"})
 
 
 def test_the_record_fits_the_status_schema() -> None:

@@ -88,10 +88,13 @@ def same_outcome(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
     service whose pods cannot be measured costs no status write per retry."""
     if not old:
         return False
-    strip = ("measuredTime",)
-    return {k: v for k, v in old.items() if k not in strip} == {
-        k: v for k, v in new.items() if k not in strip
-    }
+
+    def essence(record: Mapping[str, Any]) -> dict[str, Any]:
+        # A null field is dropped by the status merge patch, so the stored record lacks
+        # the keys that a fresh one carries as None.
+        return {k: v for k, v in record.items() if k != "measuredTime" and v is not None}
+
+    return essence(old) == essence(new)
 
 
 def cleared(status: Mapping[str, Any]) -> dict[str, Any]:
