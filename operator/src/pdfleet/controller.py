@@ -97,6 +97,18 @@ def is_rejection(error: ApiException) -> bool:
     return error.status == 500 and TYPED_PATCH_FAILURE in str(error.body or "")
 
 
+def namespace_terminating(error: ApiException) -> bool:
+    """Whether a write was refused because its namespace is being deleted: the service goes
+    with it, so there is nothing to report or retry."""
+    if error.status != 403:
+        return False
+    try:
+        causes = (json.loads(error.body or "{}").get("details") or {}).get("causes") or ()
+    except (ValueError, AttributeError):
+        return False
+    return any(isinstance(c, dict) and c.get("reason") == "NamespaceTerminating" for c in causes)
+
+
 def rejection_message(manifest: Mapping[str, Any], error: ApiException) -> str:
     """'<Kind> <name>: <the API server's message>' for a child the API server refused."""
     try:
@@ -235,6 +247,9 @@ class Controller:
             try:
                 written = self.writer.apply(manifest, namespace)
             except ApiException as error:
+                if namespace_terminating(error):
+                    log.info("%s/%s: namespace is being deleted; nothing to do", namespace, name)
+                    return PassResult(0, 0, False)
                 if not is_rejection(error):
                     raise
                 # The spec passed admission but a child built from it did not (free-form
