@@ -339,8 +339,7 @@ class Controller:
         ready = _condition_status(status, READY) == "True"
         pair = preflight.pick_pair(observed)
         if pair is None or not preflight.due(isvc, ready, record, since):
-            failed = bool(record and record.get("error"))
-            return status, preflight.RETRY_S if failed else None
+            return status, preflight.retry_after_s(record)
         self._preflight_tried[key] = (fingerprint, time.monotonic())
         prefill, decode = pair
         assert decode.pod_ip is not None
@@ -350,7 +349,7 @@ class Controller:
         verdict = preflight.verdict(isvc, result, pair)
         new_record = preflight.record(isvc, result, pair, now)
         if preflight.same_outcome(record, new_record):
-            return status, preflight.RETRY_S if new_record["error"] else None
+            return status, preflight.retry_after_s(new_record)
         if preflight.news(status, record, new_record, verdict):
             kind = "Normal" if verdict.status else "Warning"
             self.writer.event(body, f"KVTransport{verdict.reason}", verdict.message, kind)
@@ -365,7 +364,7 @@ class Controller:
             status["conditions"], verdict.condition, isvc.metadata.generation, now
         )
         new = {**status, "kvTransport": new_record, "conditions": conditions}
-        return new, preflight.RETRY_S if new_record["error"] else None
+        return new, preflight.retry_after_s(new_record)
 
     def _drain(
         self,

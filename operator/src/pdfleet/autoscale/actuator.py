@@ -50,6 +50,7 @@ def policy_config(isvc: InferenceService, kv_transfer_s: float = 0.0) -> PolicyC
     assert spec.slo is not None  # admission requires slo when autoscaling is enabled
     auto = spec.autoscaling
     settle_s = parse_duration(auto.scale_down_stabilization)
+    hint = auto.capacity_hint or CapacityHintSpec()
     # The policy's memory follows the user's scale-down window (the defaults, 300 s, give
     # the benchmarked values): trends over one window, burst memory and capacity estimates
     # fading over two and three, at most one scale-down step per fifth of it.
@@ -74,20 +75,13 @@ def policy_config(isvc: InferenceService, kv_transfer_s: float = 0.0) -> PolicyC
         scale_down_stabilization_s=parse_duration(auto.scale_down_stabilization),
         max_scale_up_step=auto.max_scale_up_step,
         max_scale_down_step=auto.max_scale_down_step,
-        prefill_capacity_prior=_hint(auto.capacity_hint, "prefill"),
-        decode_capacity_prior=_hint(auto.capacity_hint, "decode"),
+        prefill_capacity_prior=_optional_float(hint.prefill_prompt_tokens_per_second),
+        decode_capacity_prior=_optional_float(hint.decode_generated_tokens_per_second),
         kv_transfer_s=kv_transfer_s,
     )
 
 
-def _hint(hint: CapacityHintSpec | None, role: str) -> float | None:
-    if hint is None:
-        return None
-    value = (
-        hint.prefill_prompt_tokens_per_second
-        if role == "prefill"
-        else hint.decode_generated_tokens_per_second
-    )
+def _optional_float(value: int | None) -> float | None:
     return float(value) if value is not None else None
 
 

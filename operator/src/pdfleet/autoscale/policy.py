@@ -356,7 +356,7 @@ def recommend(
         if down_limit is not None and view.waiting == 0:
             n = min(current, max(1, math.ceil(view.peak / down_limit - 1e-9)))
             return n, f"{role}: capacity unknown, {down_limit:.0f}/s per replica has held -> {n}"
-        if down_limit is None and view.latency < 0.5 * view.target and view.waiting == 0:
+        if view.latency < 0.5 * view.target and view.waiting == 0:
             return current - 1, f"{role}: well under target, capacity unknown"
         return current, f"{role}: capacity unknown, holding"
     load = forecast(role, view, capacity, ready, slope, config)

@@ -83,6 +83,11 @@ def due(
     return bool(record.get("error")) and not recent
 
 
+def retry_after_s(record: Mapping[str, Any] | None) -> float | None:
+    """When to come back: RETRY_S after a run that could not measure, else never."""
+    return RETRY_S if record and record.get("error") else None
+
+
 def same_outcome(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
     """A retry that ended as the last run did (the same failure): keep the old record, so a
     service whose pods cannot be measured costs no status write per retry."""
