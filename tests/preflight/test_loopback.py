@@ -74,7 +74,9 @@ def _up(ip: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def listeners(side_channel: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+def listeners(
+    side_channel: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
     logs = tmp_path_factory.mktemp("preflight")
     host, _, port = side_channel.rpartition(":")
     procs = [
@@ -87,7 +89,7 @@ def listeners(side_channel: str, tmp_path_factory: pytest.TempPathFactory) -> It
     ]
     try:
         wait_until(lambda: _up(PREFILL_IP) and _up(DECODE_IP), 60, "both listeners up")
-        yield
+        yield {"prefill": procs[0], "decode": procs[1]}
     finally:
         for proc in procs:
             proc.terminate()
@@ -102,7 +104,7 @@ def _run(body: dict[str, object]) -> dict[str, object]:
     return result
 
 
-def test_decode_reads_the_prefill_kv_over_ucx_tcp(listeners: None) -> None:
+def test_decode_reads_the_prefill_kv_over_ucx_tcp(listeners: object) -> None:
     result = _run(REQUEST)
     assert result["ok"] and result["verified"], result["error"]
     assert result["memory"] == "DRAM"
@@ -120,13 +122,28 @@ def test_decode_reads_the_prefill_kv_over_ucx_tcp(listeners: None) -> None:
 
 
 def test_an_unreachable_prefill_is_a_failed_result_and_the_listener_stays_up(
-    listeners: None,
+    listeners: object,
 ) -> None:
     result = _run({**REQUEST, "peer": "http://10.244.250.3:5590"})
     assert not result["ok"] and "10.244.250.3" in str(result["error"])
     assert _up(DECODE_IP)
 
 
-def test_a_bad_request_is_refused(listeners: None) -> None:
+def test_a_bad_request_is_refused(listeners: object) -> None:
     response = httpx.post(f"http://{DECODE_IP}:{PORT}/preflight/run", json={}, timeout=30)
     assert response.status_code == 400 and "KeyError" in response.json()["error"]
+
+
+def _threads(proc: subprocess.Popen[bytes]) -> int:
+    return len(os.listdir(f"/proc/{proc.pid}/task"))
+
+
+def test_the_prefill_listener_keeps_no_nixl_agent_between_runs(
+    listeners: dict[str, subprocess.Popen[bytes]],
+) -> None:
+    # NIXL's progress thread polls without a pause while its agent lives: a listener that kept
+    # the agent after a run would hold a busy core beside the engine for the pod's lifetime
+    prefill = listeners["prefill"]
+    idle = _threads(prefill)
+    assert _run(REQUEST)["ok"]
+    wait_until(lambda: _threads(prefill) <= idle, 15, "the prefill listener's threads back to idle")

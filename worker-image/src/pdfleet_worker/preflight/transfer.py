@@ -218,12 +218,20 @@ class Target:
             offer = self._offers.pop(offer_id, None)
             if offer is not None:
                 self._agent.deregister_memory(offer.handle)
+                self._drop_idle_agent()
             return offer is not None
 
     def _expire(self, now: float) -> None:
         """Offers whose initiator never released them (it died) are dropped after their TTL."""
         for offer_id in [k for k, o in self._offers.items() if o.expires < now]:
             self._agent.deregister_memory(self._offers.pop(offer_id).handle)
+        self._drop_idle_agent()
+
+    def _drop_idle_agent(self) -> None:
+        """Destroy the agent once nothing is offered: NIXL's progress thread polls without a
+        pause (pthrDelay 0), a busy core beside the engine for as long as the agent lives."""
+        if not self._offers:
+            self._agent = None
 
 
 def side_channel(env: Mapping[str, str]) -> str:
