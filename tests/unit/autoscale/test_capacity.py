@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from pdfleet.autoscale.capacity import (
     Bracket,
     RoleCapacity,
+    anchored,
     bracket_capacity,
     capacity,
     fitted,
@@ -42,6 +44,37 @@ def test_fallbacks(
     name: str, points: list[tuple[float, float]], prior: float | None, want: float | None
 ) -> None:
     assert capacity(_fit(points, 1.0), 1.0, prior) == want, name
+
+
+def test_anchored_fit_recovers_queue_capacity_from_one_load_level() -> None:
+    # decode ITL = d0 / (1 - x/mu), d0 = 5 ms, mu = 100; one load level only, so the free fit
+    # has no spread; the idle latency (seen earlier) gives the second point
+    s = replace(_fit([(20.0, 0.005 / (1 - 20 / 100))] * 4, 0.006), floor=0.005)
+    assert fitted(s, 0.006) is None
+    assert anchored(s, 0.006) == pytest.approx(100 * (1 - 5 / 6))
+
+
+def test_flat_latency_just_under_target_is_room_within_the_extrapolation_bound() -> None:
+    # ITL 5.1-5.3 ms against 6 ms at ~24 tokens/s per replica: flat for the free fit, but the
+    # anchored line puts the target several times further; planned for at most 3x what held
+    pts = [(22.0, 0.0052), (24.0, 0.0051), (23.0, 0.0053), (24.0, 0.0052)]
+    s = _fit(pts, 0.006)
+    assert fitted(s, 0.006) is None
+    assert capacity(s, 0.006, None) == pytest.approx(3 * 24.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "points", "target", "want"),
+    [
+        ("too few windows", [(10.0, 0.005), (20.0, 0.006)], 0.01, None),
+        ("no rise above the floor", [(10.0, 0.005)] * 4, 0.01, None),
+        ("idle already over target", [(10.0, 0.02), (20.0, 0.03), (30.0, 0.04)] * 2, 0.01, 0.0),
+    ],
+)
+def test_anchored_fit_needs_a_rise(
+    name: str, points: list[tuple[float, float]], target: float, want: float | None
+) -> None:
+    assert anchored(_fit(points, target), target) == want, name
 
 
 def test_violation_cuts_estimate_boundedly() -> None:

@@ -156,11 +156,17 @@ def test_violation_feedback(name: str, ready: int, want: int) -> None:
     assert d.prefill == want, (name, d.reasons)
 
 
-def test_measured_kv_transfer_time_is_the_floor_of_the_decode_share() -> None:
-    m = window(prefill=role(ttft=0.7, prompt=30_000))  # under 1 s minus decode's 0.01 s
-    plain = decide(CFG, NOW, rr(3), rr(1), m)
-    slow_link = decide(replace(CFG, kv_transfer_s=0.4), NOW, rr(3), rr(1), m)
+def test_measured_kv_transfer_time_is_the_decode_share_until_decode_reports_one() -> None:
+    # prefill's 0.7 s is under 1 s minus decode's measured 0.01 s, over 1 s minus a 0.4 s link
+    no_decode_ttft = window(
+        prefill=role(ttft=0.7, prompt=30_000), decode=role(prompt=0.0, ttft=math.nan, rate=0.0)
+    )
+    plain = decide(CFG, NOW, rr(3), rr(1), no_decode_ttft)
+    slow_link = decide(replace(CFG, kv_transfer_s=0.4), NOW, rr(3), rr(1), no_decode_ttft)
     assert slow_link.prefill > plain.prefill, slow_link.reasons
+    measured = window(prefill=role(ttft=0.7, prompt=30_000))
+    own_ttft = decide(replace(CFG, kv_transfer_s=0.4), NOW, rr(3), rr(1), measured)
+    assert own_ttft.prefill == plain.prefill, own_ttft.reasons
 
 
 def test_violating_role_never_scales_down() -> None:

@@ -14,6 +14,13 @@ ITL = d0 + k*B with B = x*ITL gives ITL = d0 / (1 - k*x)). Inverse latency z = 1
 therefore linear in x, and the capacity at a target T is where the fitted line crosses 1/T.
 The fit uses exponentially weighted moments so a changing request mix is followed.
 
+Anchored at the idle latency. At light load the latency barely moves with the load, so the
+free fit has no slope to read. The model still pins the line's intercept: 1/y at x = 0 is
+the idle latency (one decode step with an empty batch), and the lowest latency seen is an
+estimate of it from below, which only makes the anchored line steeper (safer). The line
+through that intercept and the observations then says how far the target is, within the
+same bound on extrapolation as the free fit.
+
 Feedback on violations: a window whose latency exceeded the target at load x caps the
 capacity at x*T/y. The cap relaxes with the same half-life, so one burst does not pin a pool
 forever, but a workload whose bursts break the target keeps learning a lower, safer number.
@@ -48,6 +55,9 @@ class RoleCapacity:
     sum_xz: float = 0.0
     ceiling: float = math.inf  # load per replica that broke the target (feedback cap)
     best_ok: float = 0.0  # largest load per replica seen meeting the target (decays too)
+    # lowest latency seen: the idle latency from below (kept, not decayed: a low value only
+    # makes the anchored fit more cautious)
+    floor: float = math.inf
     updated_at_s: float | None = None
 
 
@@ -64,6 +74,7 @@ def _decay(state: RoleCapacity, at_s: float, half_life_s: float) -> RoleCapacity
         # the cap drifts up towards "unknown" and the record down towards zero
         ceiling=state.ceiling / f,
         best_ok=state.best_ok * f,
+        floor=state.floor,
         updated_at_s=at_s,
     )
 
@@ -99,6 +110,7 @@ def observe(
         sum_xz=state.sum_xz + x * z,
         ceiling=ceiling,
         best_ok=best_ok,
+        floor=min(state.floor, y),
         updated_at_s=at_s,
     )
 
@@ -122,14 +134,34 @@ def fitted(state: RoleCapacity, target: float) -> float | None:
     return (1.0 / target - intercept) / slope
 
 
+def anchored(state: RoleCapacity, target: float) -> float | None:
+    """Where the line through the idle latency and the observations reaches 1/target.
+
+    A least-squares slope with the intercept fixed at 1/floor; None with too little data or
+    no latency rise above the floor (then nothing says where the limit is).
+    """
+    if state.weight < 3.0 or not math.isfinite(state.floor) or state.sum_xx <= 0:
+        return None
+    z0 = 1.0 / state.floor
+    slope = (state.sum_xz - z0 * state.sum_x) / state.sum_xx
+    if slope >= 0:
+        return None
+    if z0 <= 1.0 / target:
+        return 0.0
+    return (1.0 / target - z0) / slope
+
+
 def capacity(state: RoleCapacity, target: float, prior: float | None) -> float | None:
     """Best estimate of the load one replica sustains at `target`, or None if unknown.
 
-    The fit (else the prior) bounded by the evidence: never below the largest load seen
-    meeting the target unless a violation says so, under the violation cap (which cuts at most
-    by half), and never extrapolated more than a few times past the loads actually seen.
+    The fit (else the prior, else the anchored fit) bounded by the evidence: never below the
+    largest load seen meeting the target unless a violation says so, under the violation cap
+    (which cuts at most by half), and never extrapolated more than a few times past the loads
+    actually seen.
     """
     est = fitted(state, target)
+    if est is None and prior is None:
+        est = anchored(state, target)
     if est is None:
         est = prior
     elif state.best_ok > 0:

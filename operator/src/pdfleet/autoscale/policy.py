@@ -80,8 +80,8 @@ class PolicyConfig:
     # generated tokens/s for decode. Without them the policy starts in feedback-only mode.
     prefill_capacity_prior: float | None = None
     decode_capacity_prior: float | None = None
-    # The measured KV transfer time of a typical prompt (the KV transport preflight): a floor
-    # of the decode side's TTFT share, whatever its own quantile says.
+    # The measured KV transfer time of a typical prompt (the KV transport preflight): the
+    # decode side's TTFT share until the decode pods report a TTFT of their own.
     kv_transfer_s: float = 0.0
 
     def bounds(self, role: Role) -> tuple[int, int]:
@@ -242,8 +242,10 @@ def _views(
     assert m.prefill is not None and m.decode is not None
     p, d = m.prefill, m.decode
     # The end-to-end TTFT is prefill-side plus decode-side (KV pull, admission, first step);
-    # prefill gets what the decode side leaves of the target, but at least half of it.
-    decode_ttft = max(d.ttft_s if _finite(d.ttft_s) else 0.0, config.kv_transfer_s)
+    # prefill gets what the decode side leaves of the target, but at least half of it. The
+    # decode pods' own TTFT includes the KV pull of the real prompts; until they report one,
+    # the preflight's measured transfer of a typical prompt stands in for it.
+    decode_ttft = d.ttft_s if _finite(d.ttft_s) and d.request_rate > 0 else config.kv_transfer_s
     ttft_budget = max(config.ttft_target_s - decode_ttft, 0.5 * config.ttft_target_s)
     mean_prompt = p.prompt_tokens_rate / p.request_rate if p.request_rate > 0 else 0.0
     # Prefill TTFT is set by the bursts a batching engine has to absorb, which a window mean
