@@ -568,6 +568,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cycles", type=int, default=20)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--workdir", type=Path, default=None, help="logs (default: a temp dir)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the figures here (JSON)")
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="pdfleet-drain-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -584,6 +585,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             api.close()
     figures = report.figures()
     print(json.dumps(figures, indent=2))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(figures, indent=2) + "\n")
     bad = [r for r in report.results if r.outcome != "ok"]
     for r in bad[:10]:
         print(f"lost: {r}", file=sys.stderr)
