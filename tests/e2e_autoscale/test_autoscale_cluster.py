@@ -1,10 +1,11 @@
 """The SLO-driven autoscaler on the local cluster: a load shift, no lost request, Prometheus down.
 
-One run of the demo's load (e2e/demo.py: a warm-up, a long-prompt surge, then long outputs)
-drives the demo fleet (e2e/demo-fleet.yaml: 4-GPU budget, prefill and decode 1..3, TTFT 500 ms
-and ITL 6 ms at p90) through the real router while the service's status is sampled every 2 s.
-The surge must grow prefill within a few intervals and take the GPU from decode (the budget
-binds), and TTFT measured at the client must be back under target once the new replicas
+One run of the demo's load (e2e/demo.py: a warm-up, a long-prompt surge, long outputs, a
+cool-down) drives the demo fleet (e2e/demo-fleet.yaml: 4-GPU budget, prefill and decode 1..3,
+TTFT 500 ms and ITL 6 ms at p90) through the real router while the service's status is
+sampled every 2 s. The surge must grow prefill to three replicas within a few intervals,
+leaving decode one GPU (the budget binds; an idle decode pool has usually shrunk to one
+before the surge), and TTFT measured at the client must be back under target once the new replicas
 serve; the long outputs must do the opposite for decode and ITL (the median at the client under
 target, the p90 lower than on one decode: the policy's ITL signal is the mean). Every request,
 through all the scale-downs, must complete. Then, under a light load, Prometheus is stopped:
@@ -39,8 +40,13 @@ from tests.e2e_autoscale.conftest import TIME_SCALE
 
 pytestmark = pytest.mark.timeout(1200)
 
-#: The demo's load without its cool-down, with more time for decode to settle.
-SHIFT: list[Phase] = [*demo_phases()[:2], replace(demo_phases()[2], duration_s=200.0)]
+#: The demo's load with more time for decode to settle, and a cool-down long enough for
+#: decode to shrink again while requests still stream (20 s stabilization, then a drain).
+SHIFT: list[Phase] = [
+    *demo_phases()[:2],
+    replace(demo_phases()[2], duration_s=200.0),
+    replace(demo_phases()[3], duration_s=60.0),
+]
 #: A steady light load while Prometheus goes away and comes back.
 STEADY = [Phase("steady", 110.0, 0.5, 1000, 64)]
 #: How long after a phase starts the autoscaler may take to answer it: a few 5 s intervals,

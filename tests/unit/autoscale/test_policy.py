@@ -346,6 +346,16 @@ def test_busiest_recent_minute_keeps_prefill() -> None:
     assert quiet.recommended_prefill == 3, quiet.reasons
 
 
+def test_a_violating_role_outranks_the_burst_insurance_of_the_other() -> None:
+    # the same remembered burst keeps prefill at 3, but with the budget spent and decode
+    # over its ITL target now, prefill gives one GPU up (its load needs one replica)
+    tight = replace(CFG, gpu_budget=4)
+    first = decide(tight, NOW - 60, rr(3), rr(1), window(peaky(80_000, 80_000), at=NOW - 60))
+    slow_decode = window(peaky(5_000, 5_000), role(prompt=0.0, ttft=0.01, itl=0.03))
+    d = decide(tight, NOW, rr(3), rr(1), slow_decode, (first,))
+    assert (d.prefill, d.decode) == (2, 2), d.reasons
+
+
 def test_pending_pods_block_growth_of_their_role() -> None:
     m = window(prefill=role(prompt=200_000, ttft=3.0))
     d = decide(CFG, NOW, rr(4, ready=2, pending=2), rr(1), m)

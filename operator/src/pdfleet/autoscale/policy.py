@@ -439,8 +439,9 @@ def fit_budget(
     """Fit desired counts into the GPU budget.
 
     Growth is granted one replica at a time to the role under more pressure. When a violating
-    role still wants more and the budget is spent, a role whose own need is below its count
-    gives GPUs up (a move between pools), within its scale-down step.
+    role still wants more and the budget is spent, a role whose own need (what its load needs
+    now: a latency violated now outranks insurance against a burst that may recur) is below
+    its count gives GPUs up (a move between pools), within its scale-down step.
     """
     budget = config.gpu_budget
     if budget is None:
@@ -644,6 +645,9 @@ def decide(
         "decode": cap.capacity(learned.decode, views["decode"].target, config.prior("decode")),
     }
     recs: dict[Role, int] = {}
+    # what the current load needs, without the burst insurance below: how far a role may
+    # give GPUs up to a role that violates its target now
+    needs_now: dict[Role, int] = {}
     reasons: list[str] = []
     for r in ROLES:
         slope = _trend(r, views[r].demand, now_s, config, history)
@@ -665,6 +669,7 @@ def decide(
             # the cluster cannot place the pods asked for already; more would wait too
             n = fleet[r].current
             why += f"; {fleet[r].pending} pending, not growing"
+        needs_now[r] = clamp(r, n, config)
         c = caps[r]
         per_replica = c * config.utilization(r) if c else limit
         if r == "prefill" and per_replica and n < fleet[r].current:
@@ -681,7 +686,7 @@ def decide(
     }
     violating = {r: views[r].latency > views[r].target for r in ROLES}
     pressure = {r: views[r].demand / (caps[r] or math.inf) / max(current[r], 1) for r in ROLES}
-    final, budget_reasons = fit_budget(stable, current, recs, pressure, violating, config)
+    final, budget_reasons = fit_budget(stable, current, needs_now, pressure, violating, config)
     reasons.extend(budget_reasons)
     for r in ROLES:
         if final[r] != current[r]:
