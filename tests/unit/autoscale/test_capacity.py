@@ -136,3 +136,12 @@ def test_bracket(name: str, points: list[tuple[float, float, float]], want: floa
 def test_bracket_without_prior_uses_what_held() -> None:
     assert bracket_capacity(_bracket([(0.0, 40.0, 0.2)], prior=None), None) == 40.0
     assert bracket_capacity(Bracket(), None) is None
+
+
+def test_the_estimate_probes_up_from_what_held_not_from_a_light_first_window() -> None:
+    # the first windows were light (1k/s per replica): the estimate started there; once 20k/s
+    # has held, probing continues from 20k (+2 % per window under load), not from 1k
+    light = [(float(t), 1_000.0, 0.1) for t in range(0, 60, 15)]
+    busy = [(float(t), 20_000.0, 0.3) for t in range(60, 150, 15)]
+    got = bracket_capacity(_bracket(light + busy, prior=None), None)
+    assert got is not None and got > 1.08 * 20_000

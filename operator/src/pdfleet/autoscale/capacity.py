@@ -238,7 +238,7 @@ def observe_bracket(
     if y <= target:
         held = max(held, x)
         if loaded and probe is not None:
-            probe *= 1.0 + _PROBE_UP
+            probe = max(probe, held) * (1.0 + _PROBE_UP)  # what held is sustainable
     elif loaded and x > held:  # at a load that has held before, it is a burst or a backlog
         broke = min(broke, x)
         # above the estimate the violation confirms it; at or below it, it was too high
