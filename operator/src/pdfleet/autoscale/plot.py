@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-_STYLE = {"pdfleet": "-", "threshold": ":", "planner": "--"}
+_STYLE = {"pdfleet": "-", "pdfleet-learned": "-.", "threshold": ":", "planner": "--"}
 
 
 def _series(timeline: list[dict[str, float]], key: str) -> tuple[list[float], list[float]]:
