@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -39,7 +40,14 @@ from pdfleet.drain.plan import (
 from pdfleet.kube.api import KubeWriter
 from pdfleet.preflight import io as preflight_io
 from pdfleet.preflight import plan as preflight
-from pdfleet.reconcile.observed import ChildRef, Observed, child_ref, overlay, with_marks
+from pdfleet.reconcile.observed import (
+    ChildRef,
+    Observed,
+    PodInfo,
+    child_ref,
+    overlay,
+    with_marks,
+)
 from pdfleet.reconcile.plan import desired_replicas, plan
 from pdfleet.reconcile.status import (
     INSUFFICIENT_CAPACITY,
@@ -51,12 +59,15 @@ from pdfleet.reconcile.status import (
 )
 from pdfleet.render import RenderConfig
 from pdfleet.render.common import child_name
+from pdfleet_worker.preflight.plan import PreflightResult, failed
 
 log = logging.getLogger(__name__)
 
 # How long a child we wrote stands in for the watch index's copy (which lags by a moment);
 # long enough for any watch event, short enough that a child deleted meanwhile comes back.
 RECENT_WRITE_S = 10.0
+# How soon a pass looks again at a preflight run it left in flight.
+PREFLIGHT_POLL_S = 1.0
 # API answers that refuse a child until someone changes the spec (400, 422: malformed or
 # invalid) or the operator's rights (403: e.g. a chart older than a kind the spec asks for):
 # retrying at once cannot help, the periodic resync tries again.
@@ -123,6 +134,15 @@ def _status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict
     return {**{key: None for key in (old or {}) if key not in new}, **new}
 
 
+@dataclass(frozen=True)
+class _PreflightRun:
+    """A preflight run in flight for one service: which spec and pods it measures."""
+
+    fingerprint: str
+    pair: tuple[PodInfo, PodInfo]
+    result: Future[PreflightResult]
+
+
 class Controller:
     """Reconciles InferenceServices through a KubeWriter. Thread-safe per object."""
 
@@ -132,6 +152,7 @@ class Controller:
         config: RenderConfig | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         autoscaler: Autoscaler | None = None,
+        preflight_runner: Executor | None = None,
     ):
         self.writer = writer
         self.autoscaler = autoscaler
@@ -147,6 +168,12 @@ class Controller:
         self._reported: dict[tuple[str, str], dict[tuple[str, str], float]] = {}
         # The last KV transport preflight per service: (fingerprint, monotonic time).
         self._preflight_tried: dict[tuple[str, str], tuple[str, float]] = {}
+        # Runs in flight: a run can take seconds (UCX set-up, a slow fabric) up to its
+        # timeout, and the service's passes (drains, scale-ups) must not wait for it.
+        self._preflight_runs: dict[tuple[str, str], _PreflightRun] = {}
+        self._preflight_runner = preflight_runner or ThreadPoolExecutor(
+            max_workers=4, thread_name_prefix="preflight"
+        )
 
     def _remember(self, key: tuple[str, str], ref: ChildRef) -> None:
         expires = time.monotonic() + RECENT_WRITE_S
@@ -198,6 +225,7 @@ class Controller:
             self._status_written.pop((namespace, name), None)
             self._marks.pop((namespace, name), None)
             self._preflight_tried.pop((namespace, name), None)
+            self._preflight_runs.pop((namespace, name), None)
 
     def reconcile(self, body: Mapping[str, Any], observed: Observed) -> PassResult:
         meta = body.get("metadata") or {}
@@ -327,25 +355,34 @@ class Controller:
         """status.kvTransport and KVTransportReady after a KV transport preflight, when one is
         due (pdfleet.preflight.plan); and when to come back to retry a run that failed.
 
-        The run is one HTTP call to a decode pod, which READs from a prefill pod over NIXL and
-        answers within seconds; it happens once per kvTransfer spec, so it is made inline."""
+        The run is one HTTP call to a decode pod, which READs from a prefill pod over NIXL. It
+        runs beside the passes (`preflight_runner`): a pass starts it when due and a later
+        pass (every PREFLIGHT_POLL_S meanwhile) records its outcome."""
         record = status.get("kvTransport")
-        if not isvc.spec.kv_transfer.preflight.enabled:
-            return preflight.cleared(status), None
         key = (str(isvc.metadata.namespace), str(isvc.metadata.name))
+        if not isvc.spec.kv_transfer.preflight.enabled:
+            self._preflight_runs.pop(key, None)
+            return preflight.cleared(status), None
         fingerprint = preflight.fingerprint(isvc)
-        tried = self._preflight_tried.get(key)
-        since = time.monotonic() - tried[1] if tried and tried[0] == fingerprint else None
-        ready = _condition_status(status, READY) == "True"
-        pair = preflight.pick_pair(observed)
-        if pair is None or not preflight.due(isvc, ready, record, since):
-            return status, preflight.retry_after_s(record)
-        self._preflight_tried[key] = (fingerprint, time.monotonic())
-        prefill, decode = pair
-        assert decode.pod_ip is not None
-        port = isvc.spec.kv_transfer.preflight.port
-        url = preflight.listener_url(decode.pod_ip, port) + "/preflight/run"
-        result = preflight_io.run(url, preflight.request(isvc, prefill), preflight.RUN_TIMEOUT_S)
+        run = self._preflight_runs.get(key)
+        if run is None or run.fingerprint != fingerprint:  # none in flight for this spec
+            tried = self._preflight_tried.get(key)
+            since = time.monotonic() - tried[1] if tried and tried[0] == fingerprint else None
+            ready = _condition_status(status, READY) == "True"
+            pair = preflight.pick_pair(observed)
+            if pair is None or not preflight.due(isvc, ready, record, since):
+                return status, preflight.retry_after_s(record)
+            self._preflight_tried[key] = (fingerprint, time.monotonic())
+            run = self._start_preflight(isvc, fingerprint, pair)
+            self._preflight_runs[key] = run
+        if not run.result.done():
+            return status, PREFLIGHT_POLL_S
+        del self._preflight_runs[key]
+        pair = run.pair
+        try:
+            result = run.result.result()
+        except Exception as err:  # the run's own failure is a result, never a failed pass
+            result = failed(f"preflight run: {type(err).__name__}: {err}")
         verdict = preflight.verdict(isvc, result, pair)
         new_record = preflight.record(isvc, result, pair, now)
         if preflight.same_outcome(record, new_record):
@@ -365,6 +402,17 @@ class Controller:
         )
         new = {**status, "kvTransport": new_record, "conditions": conditions}
         return new, preflight.retry_after_s(new_record)
+
+    def _start_preflight(
+        self, isvc: InferenceService, fingerprint: str, pair: tuple[PodInfo, PodInfo]
+    ) -> _PreflightRun:
+        prefill, decode = pair
+        assert decode.pod_ip is not None
+        port = isvc.spec.kv_transfer.preflight.port
+        url = preflight.listener_url(decode.pod_ip, port) + "/preflight/run"
+        body = preflight.request(isvc, prefill)
+        future = self._preflight_runner.submit(preflight_io.run, url, body, preflight.RUN_TIMEOUT_S)
+        return _PreflightRun(fingerprint, pair, future)
 
     def _drain(
         self,

@@ -1,16 +1,20 @@
 """The controller's preflight step: runs once a service is ready, sets KVTransportReady and
-status.kvTransport, records an Event, retries failed runs without rewriting the same status."""
+status.kvTransport, records an Event, retries failed runs without rewriting the same status, and
+never makes a pass wait for a run."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from pdfleet.api.v1alpha1 import InferenceService
-from pdfleet.controller import Controller
+from pdfleet.controller import PREFLIGHT_POLL_S, Controller
 from pdfleet.preflight import plan
 from pdfleet.reconcile.observed import Observed, PodInfo
 from pdfleet_worker.preflight.plan import PreflightResult, failed
@@ -50,6 +54,22 @@ class Runs:
         return self.result
 
 
+class Inline(Executor):
+    """Runs each submitted call at once, so a pass finds its run finished."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as err:
+            future.set_exception(err)
+        return future
+
+
+def _controller(writer: Writer) -> Controller:
+    return Controller(writer, preflight_runner=Inline())  # type: ignore[arg-type]
+
+
 @pytest.fixture
 def runs(monkeypatch: pytest.MonkeyPatch) -> Runs:
     fake = Runs(TCP)
@@ -70,7 +90,7 @@ def _condition(status: dict[str, Any]) -> dict[str, Any]:
 
 def test_waits_for_ready_then_runs_once(runs: Runs) -> None:
     writer = Writer()
-    controller = Controller(writer)  # type: ignore[arg-type]
+    controller = _controller(writer)
     body = _body()
     status, after = _step(controller, body, _status(False))
     assert runs.calls == [] and "kvTransport" not in status and after is None
@@ -86,7 +106,7 @@ def test_waits_for_ready_then_runs_once(runs: Runs) -> None:
 
 def test_a_fabric_change_runs_again_and_warns_on_tcp_fallback(runs: Runs) -> None:
     writer = Writer()
-    controller = Controller(writer)  # type: ignore[arg-type]
+    controller = _controller(writer)
     status, _ = _step(controller, _body(), _status(True))
     rdma = _body({"spec": {"kvTransfer": {"fabric": {"rdmaResource": "rdma/ib"}}}})
     status, _ = _step(controller, rdma, status)
@@ -101,7 +121,7 @@ def test_a_failed_run_is_retried_later_without_rewriting_the_status(
 ) -> None:
     runs.result = failed("decode preflight listener: connection refused")
     writer = Writer()
-    controller = Controller(writer)  # type: ignore[arg-type]
+    controller = _controller(writer)
     body = _body()
     status, after = _step(controller, body, _status(True))
     assert _condition(status)["reason"] == "PreflightFailed" and after == plan.RETRY_S
@@ -115,9 +135,40 @@ def test_a_failed_run_is_retried_later_without_rewriting_the_status(
 
 
 def test_disabled_drops_the_condition_and_the_record(runs: Runs) -> None:
-    controller = Controller(Writer())  # type: ignore[arg-type]
+    controller = _controller(Writer())
     status, _ = _step(controller, _body(), _status(True))
     off = _body({"spec": {"kvTransfer": {"preflight": {"enabled": False}}}})
     status, _ = _step(controller, off, status)
     assert "kvTransport" not in status
     assert [c["type"] for c in status["conditions"]] == ["Ready"]
+
+
+def test_a_pass_never_waits_for_a_run(runs: Runs, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a run takes as long as the fabric needs (up to its timeout); meanwhile the service's
+    # passes go on, coming back every PREFLIGHT_POLL_S, and the run starts only once
+    release = threading.Event()
+
+    def slow(url: str, body: dict[str, Any], timeout_s: float) -> PreflightResult:
+        release.wait(10)
+        return runs(url, body, timeout_s)
+
+    monkeypatch.setattr("pdfleet.controller.preflight_io.run", slow)
+    pool = ThreadPoolExecutor(max_workers=1)
+    controller = Controller(Writer(), preflight_runner=pool)  # type: ignore[arg-type]
+    body, ready = _body(), _status(True)
+    assert _step(controller, body, ready) == (ready, PREFLIGHT_POLL_S)
+    assert _step(controller, body, ready) == (ready, PREFLIGHT_POLL_S)
+    release.set()
+    pool.shutdown(wait=True)
+    status, _ = _step(controller, body, ready)
+    assert len(runs.calls) == 1 and _condition(status)["reason"] == "Measured"
+
+
+def test_a_run_that_raises_is_a_failed_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(url: str, body: dict[str, Any], timeout_s: float) -> PreflightResult:
+        raise RuntimeError("listener answered nonsense")
+
+    monkeypatch.setattr("pdfleet.controller.preflight_io.run", broken)
+    status, after = _step(_controller(Writer()), _body(), _status(True))
+    assert _condition(status)["reason"] == "PreflightFailed" and after == plan.RETRY_S
+    assert "listener answered nonsense" in status["kvTransport"]["error"]
