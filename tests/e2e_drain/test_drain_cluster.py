@@ -91,7 +91,18 @@ def test_scale_up_during_a_drain_takes_the_pods_back(service: Service) -> None:
     with Load(service.router(), clients=8, shape=LONG) as load:
         time.sleep(2.0)  # eight long streams spread over the four decodes
         service.scale({DECODE: 1})
-        taken = wait_until(lambda: _marked_and_deregistered(service), 20, "a deregistered pod")
+        try:
+            taken = wait_until(
+                lambda: _marked_and_deregistered(service) or None, 20, "a deregistered pod"
+            )
+        except TimeoutError:
+            pods = [
+                (p["metadata"]["name"], p["status"].get("podIP"),
+                 (p["metadata"].get("annotations") or {}).get(labels.DRAINING),
+                 p["metadata"].get("deletionTimestamp"))
+                for p in service.role_pods(DECODE)
+            ]  # fmt: skip
+            raise AssertionError((router_workers(service.router()), pods)) from None
         service.scale(HIGH)
         wait_until(lambda: settled(service, HIGH), 120, "all pods back and listed")
     cancelled = [e.message for e in service.events(("DrainCancelled",))]
