@@ -48,7 +48,7 @@ def test_conflicts_and_throttling_converge_without_a_hot_loop(
     assert injected.get(409) and injected.get(429), injected
 
 
-def test_etcd_and_apiserver_crash_the_operator_recovers_without_restart(
+def test_etcd_and_apiserver_crash_the_service_is_reconciled_and_ready_again(
     control_plane: Cluster, cp_api: Any, tmp_path: Path
 ) -> None:
     check(apiserver_restart(control_plane, cp_api, tmp_path, runs=2), 2)
