@@ -683,39 +683,46 @@ def prometheus_fault(
 ) -> Marks:
     """Fresh metrics, then `fault` (Prometheus stopped, or the proxy corrupting its answers):
     MetricsAvailable=False with the fault's reason and a Warning Event, no change of either
-    pool's desired replicas while it lasts; then it ends: True again."""
+    pool's desired replicas while it lasts; then it ends: True again. A wait that times out
+    ends the fault and is reported as `timed_out` (1.0) in the marks."""
     reason = PROMETHEUS_FAULTS[fault][1]
     fresh = lambda: metrics_condition(service).get("status") == "True"  # noqa: E731
-    wait_until(fresh, 120, "MetricsAvailable=True")
-    events, before = warning_counts(service), desired(service)
-    start = time.monotonic() - t0
-    if fault == "down":
-        prometheus.stop()
-    else:
-        proxy.switch("nan" if fault == "nan" else "stale")
-    wait_until(
-        lambda: metrics_condition(service).get("reason") == reason,
-        60, f"MetricsAvailable=False ({reason})",
-    )  # fmt: skip
-    held = time.monotonic() - t0
-    changed = []
-    for _ in range(round(HOLD_S)):
-        now = desired(service)
-        if now != before:
-            changed.append(now)
-        time.sleep(1.0)
-    warnings = new_warnings(events, warning_counts(service), reason)
-    if fault == "down":
-        prometheus.restart()
-    proxy.switch("pass")
-    wait_until(fresh, 120, "MetricsAvailable=True after the fault")
-    return {
-        "start": start,
-        "held_after_s": held - start,
-        "ended_after_s": time.monotonic() - t0 - start,
-        "desired_changes_during": float(len(changed)),
-        "warning_events": float(warnings),
-    }
+    marks: Marks = {"start": time.monotonic() - t0, "timed_out": 0.0}
+    try:
+        wait_until(fresh, 120, "MetricsAvailable=True")
+        events, before = warning_counts(service), desired(service)
+        marks["start"] = start = time.monotonic() - t0
+        if fault == "down":
+            prometheus.stop()
+        else:
+            proxy.switch("nan" if fault == "nan" else "stale")
+        wait_until(
+            lambda: metrics_condition(service).get("reason") == reason,
+            60, f"MetricsAvailable=False ({reason})",
+        )  # fmt: skip
+        marks["held_after_s"] = time.monotonic() - t0 - start
+        changed = []
+        for _ in range(round(HOLD_S)):
+            now = desired(service)
+            if now != before:
+                changed.append(now)
+            time.sleep(1.0)
+        marks["desired_changes_during"] = float(len(changed))
+        marks["warning_events"] = float(new_warnings(events, warning_counts(service), reason))
+    except TimeoutError as error:
+        print(f"  {fault}: {error}", flush=True)
+        marks["timed_out"] = 1.0
+    finally:
+        if fault == "down":
+            prometheus.restart()
+        proxy.switch("pass")
+    try:
+        wait_until(fresh, 120, "MetricsAvailable=True after the fault")
+        marks["ended_after_s"] = time.monotonic() - t0 - marks["start"]
+    except TimeoutError as error:
+        print(f"  {fault}: {error}", flush=True)
+        marks["timed_out"] = 1.0
+    return marks
 
 
 def late_failures(records: Sequence[Record], start_s: float, end_s: float = math.inf) -> list[str]:
@@ -755,10 +762,10 @@ def prometheus_faults(
                     figures = {"requests": float(len(segment)), "in_flight_broken": 0.0,
                                "failed_before_settled": 0.0,
                                "failed_after_settled": float(len(failed)), **m}  # fmt: skip
-                    why = []
-                    if m["desired_changes_during"]:
+                    why = ["timed out (see the log)"] if m["timed_out"] else []
+                    if m.get("desired_changes_during"):
                         why.append("desired changed while the metrics were bad")
-                    if not m["warning_events"]:
+                    if not m.get("warning_events"):
                         why.append("no MetricsUnavailable Warning Event")
                     if failed:
                         why.append(f"{len(failed)} requests failed: {failed[:3]}")

@@ -100,24 +100,29 @@ class PrometheusProxy:
     def _handler(self, session: aiohttp.ClientSession) -> Any:
         async def handle(request: web.Request) -> web.StreamResponse:
             data = await request.read()
+            # Plain bodies upstream, so that answers can be rewritten.
+            headers = {
+                k: v for k, v in forwarded_headers(request.headers).items()
+                if k.lower() != "accept-encoding"
+            }  # fmt: skip
+            headers["Accept-Encoding"] = "identity"
             try:
                 async with session.request(
                     request.method,
                     self.upstream + request.path_qs,
-                    headers=forwarded_headers(request.headers),
+                    headers=headers,
                     data=data or None,
                 ) as answer:
                     body = await answer.read()
-                    headers = forwarded_headers(answer.headers)
+                    answered = forwarded_headers(answer.headers)
                     status = answer.status
             except aiohttp.ClientConnectionError as error:
                 return web.Response(status=502, text=f"prometheus unreachable: {error}")
             mode = self.mode
             if mode != "pass" and request.path in QUERY_PATHS and status == 200:
-                headers.pop("Content-Encoding", None)
                 body = json.dumps(rewrite(json.loads(body), mode, self.age_s)).encode()
                 with self._lock:
                     self.rewritten += 1
-            return web.Response(status=status, body=body, headers=headers)
+            return web.Response(status=status, body=body, headers=answered)
 
         return handle
