@@ -448,7 +448,7 @@ def conflicts_and_throttling(
 #: of about two seconds on the simulator (real time), so several streams are always in flight.
 LOAD = Phase("steady", duration_s=45.0, rate=4.0, prompt_tokens=256, output_tokens=256)
 #: Long enough for fresh metrics, an outage and the recovery (the fault waits on each).
-OUTAGE_LOAD = Phase("steady", duration_s=240.0, rate=2.0, prompt_tokens=256, output_tokens=256)
+OUTAGE_LOAD = Phase("steady", duration_s=200.0, rate=2.0, prompt_tokens=256, output_tokens=256)
 #: A request that started this soon before the router noticed may already have been routed.
 ROUTING_SLACK_S = 1.0
 
