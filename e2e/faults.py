@@ -447,7 +447,8 @@ def conflicts_and_throttling(
 #: Offered load while a data-plane fault happens: Poisson arrivals, each a streamed completion
 #: of about two seconds on the simulator (real time), so several streams are always in flight.
 LOAD = Phase("steady", duration_s=45.0, rate=4.0, prompt_tokens=256, output_tokens=256)
-#: Long enough for fresh metrics, an outage and the recovery (the fault waits on each).
+#: Long enough for fresh metrics and the three Prometheus faults with their recoveries (118 s
+#: after the load's start in a short-suite run); each fault waits on its own marks.
 OUTAGE_LOAD = Phase("steady", duration_s=200.0, rate=2.0, prompt_tokens=256, output_tokens=256)
 #: A request that started this soon before the router noticed may already have been routed.
 ROUTING_SLACK_S = 1.0
@@ -852,7 +853,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write results.json, table.md")
     parser.add_argument("--reconciles", type=int, default=200)
     parser.add_argument("--runs", type=int, default=10, help="repetitions of the other faults")
-    parser.add_argument("--prometheus-runs", type=int, default=3, help="outages (4 min each)")
+    parser.add_argument(
+        "--prometheus-runs",
+        type=int,
+        default=3,
+        help="runs of the three Prometheus faults (~3.5 min each)",
+    )
     parser.add_argument("--only", nargs="*", default=[], choices=[*CONTROL_PLANE, *DATA_PLANE])
     parser.add_argument("--workdir", type=Path, default=None, help="logs (default: a temp dir)")
     args = parser.parse_args(argv)
