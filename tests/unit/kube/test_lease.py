@@ -95,16 +95,16 @@ def test_no_renewal_until_the_deadline_ends_leadership_before_the_lease_expires(
     error = ApiException(status=503)
     elector = Scripted([error] * 10)
     assert run(elector, 10)
-    # Renew period 5 s, lease 15 s, retries every 2 s: the deadline (10 s) has passed at the
-    # fourth attempt (5 + 2 + 2 + 2 = 11 s), still 4 s before the lease expires.
-    assert elector.attempts == 4
+    # Renew period 5 s, lease 15 s, retries every 1 s: the deadline (10 s) is reached at the
+    # sixth attempt (5 + 5 x 1 s), 5 s before the lease expires.
+    assert elector.attempts == 6
 
 
 def test_a_refused_renewal_is_retried_soon_not_a_renew_period_later() -> None:
     # Two refused writes in a row (409 on a stale read, 429 from API priority and fairness)
-    # used to cost 10 s, the whole renew deadline; retried every 2 s they cost 4.
+    # used to cost 10 s, the whole renew deadline; retried every second they cost 2.
     stop = NoWait(5, elector := Scripted([True, False, False, True, True]))
     lost: list[bool] = []
     elector.keep_renewing(stop, lambda: lost.append(True))
     assert not lost
-    assert stop.waits[:5] == [5.0, 5.0, 2.0, 2.0, 5.0]
+    assert stop.waits[:5] == [5.0, 5.0, 1.0, 1.0, 5.0]
