@@ -28,16 +28,20 @@ command that opened the namespace, e.g. ``e2e/netns.sh bash``)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import ipaddress
 import json
+import math
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -386,9 +390,131 @@ def require_private_netns() -> None:
 # ---------------------------------------------------------------------------------------
 
 
-# Components started again by Cluster.crash_and_restart: kept referenced until they have exited
-# (kwokctl ends them by pid file in stop()), and reaped there.
-_RESTARTED: list[subprocess.Popen[bytes]] = []
+@dataclass(frozen=True)
+class Launch:
+    """How a component was started: enough to start it again the same way."""
+
+    argv: tuple[str, ...]
+    cwd: str
+    env: dict[str, str]
+
+    @staticmethod
+    def of(pid: int) -> Launch:
+        """The command line, working directory and environment of running process `pid`."""
+        proc = Path(f"/proc/{pid}")
+        argv = tuple((proc / "cmdline").read_bytes().decode().split("\0")[:-1])
+        pairs = (proc / "environ").read_bytes().decode(errors="replace").split("\0")
+        env = dict(kv.split("=", 1) for kv in pairs if "=" in kv)
+        return Launch(argv, os.readlink(proc / "cwd"), env)
+
+
+def process_alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie, exited but not reaped, counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+class Supervisor:
+    """Restarts a cluster's components when they exit, as systemd or kubelet (static pods) do
+    on a real control-plane node, with the command line, directory and environment kwokctl
+    started them with; output appended to the component's log.
+
+    kube-controller-manager and kube-scheduler exit on purpose when they cannot renew their
+    leader lease (an API server outage longer than their renew deadline); kwokctl does not
+    restart them. Started by :meth:`Cluster.supervise`, ended by :func:`stop` before kwokctl
+    deletes the cluster. A component is restarted at most once per `backoff_s`."""
+
+    def __init__(self, state: Path, backoff_s: float = 1.0) -> None:
+        self.state = state
+        self.backoff_s = backoff_s
+        self.launches: dict[str, Launch] = {}
+        self.restarts: Counter[str] = Counter()
+        self._children: list[subprocess.Popen[bytes]] = []
+        self._held: set[str] = set()
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="supervisor", daemon=True)
+
+    def pids(self) -> dict[str, int]:
+        """PIDs in kwokctl's pid files (as seen inside the namespace), by component name."""
+        pids: dict[str, int] = {}
+        for f in sorted((self.state / "pids").glob("*.pid")):
+            text = f.read_text().strip()
+            if text.isdigit():
+                pids[f.stem] = int(text)
+        return pids
+
+    def start(self) -> Supervisor:
+        for name, pid in self.pids().items():
+            self.launches[name] = Launch.of(pid)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop supervising: call it before the components are stopped on purpose."""
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+
+    def reap(self, timeout_s: float = 10.0) -> None:
+        """Wait for the components this supervisor started, once they were told to stop."""
+        for proc in self._children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout_s)
+
+    def launch(self, name: str) -> None:
+        """Start component `name` again; its new pid goes into kwokctl's pid file, so that
+        `kwokctl delete cluster` still ends it."""
+        spec = self.launches[name]
+        log_dir = self.state / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with (log_dir / f"{name}.log").open("ab") as log:  # the child keeps its own fd
+            proc = subprocess.Popen(
+                spec.argv, cwd=spec.cwd, env=spec.env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        (self.state / "pids" / f"{name}.pid").write_text(str(proc.pid))
+        with self._lock:
+            self._children.append(proc)
+            self._last[name] = time.monotonic()
+
+    def crash(self, components: Sequence[str], down_s: float) -> None:
+        """SIGKILL `components`, keep them down for `down_s`, then start them again."""
+        pids = self.pids()
+        with self._lock:
+            self._held.update(components)
+        try:
+            for name in components:
+                os.kill(pids[name], signal.SIGKILL)
+            time.sleep(down_s)
+            for name in components:
+                self.launch(name)
+        finally:
+            with self._lock:
+                self._held.difference_update(components)
+
+    def _loop(self) -> None:
+        while not self._stopping.wait(0.5):
+            for name, pid in self.pids().items():
+                with self._lock:
+                    if name in self._held or name not in self.launches:
+                        continue
+                    waited = time.monotonic() - self._last.get(name, -math.inf)
+                    self._children[:] = [p for p in self._children if p.poll() is None]
+                if process_alive(pid) or waited < self.backoff_s or self._stopping.is_set():
+                    continue
+                print(f"supervisor: {name} (pid {pid}) exited; starting it again", flush=True)
+                self.restarts[name] += 1
+                self.launch(name)
+
+
+#: One supervisor per cluster state directory, from the first Cluster.supervise to stop().
+_SUPERVISORS: dict[Path, Supervisor] = {}
+_SUPERVISORS_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -455,40 +581,36 @@ class Cluster:
             return False
         return True
 
+    @property
+    def state_dir(self) -> Path:
+        """kwokctl's state for this cluster: pid files, logs, certificates."""
+        return self.config.workdir / "clusters" / self.config.name
+
+    def supervise(self) -> Supervisor:
+        """From now on restart every component that exits (:class:`Supervisor`); idempotent."""
+        with _SUPERVISORS_LOCK:
+            found = _SUPERVISORS.get(self.state_dir)
+            if found is None:
+                found = _SUPERVISORS[self.state_dir] = Supervisor(self.state_dir).start()
+            return found
+
     def crash_and_restart(self, components: Sequence[str], down_s: float) -> None:
         """SIGKILL ``components`` (e.g. etcd and kube-apiserver), keep them down for
         ``down_s``, then start them again with their own command lines, as a supervisor
-        (systemd, kubelet for static pods) would. The other components stay up and must
-        reconnect; etcd's data directory survives. The new pids go into kwokctl's pid files,
-        so that :func:`stop` still ends them."""
-        state = self.config.workdir / "clusters" / self.config.name
-        pids = self.component_pids()
-        launches = []
-        for name in components:
-            pid = pids[name]
-            argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")[:-1]
-            launches.append((name, argv, os.readlink(f"/proc/{pid}/cwd")))
-            os.kill(pid, signal.SIGKILL)
-        time.sleep(down_s)
-        for name, argv, cwd in launches:
-            log_dir = state / "logs"
-            log_dir.mkdir(parents=True, exist_ok=True)
-            with (log_dir / f"{name}.log").open("ab") as log:  # the child keeps its own fd
-                proc = subprocess.Popen(
-                    argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-                )
-            (state / "pids" / f"{name}.pid").write_text(str(proc.pid))
-            _RESTARTED.append(proc)
+        (systemd, kubelet for static pods) would; etcd's data directory survives. The other
+        components stay up and must reconnect; those that exit meanwhile (the
+        controller-manager and the scheduler do when they cannot renew their leader lease)
+        are started again too, for as long as the cluster runs (:meth:`supervise`)."""
+        self.supervise().crash(components, down_s)
+
+    def component_restarts(self) -> dict[str, int]:
+        """Components the supervisor started again after they exited by themselves."""
+        supervisor = _SUPERVISORS.get(self.state_dir)
+        return dict(supervisor.restarts) if supervisor else {}
 
     def component_pids(self) -> dict[str, int]:
         """PIDs of the running components, as seen inside the namespace (kwokctl pid files)."""
-        pid_dir = self.config.workdir / "clusters" / self.config.name / "pids"
-        pids: dict[str, int] = {}
-        for f in sorted(pid_dir.glob("*.pid")):
-            text = f.read_text().strip()
-            if text.isdigit():
-                pids[f.stem] = int(text)
-        return pids
+        return Supervisor(self.state_dir).pids()
 
 
 def _run(
@@ -595,13 +717,18 @@ def stop(cluster: Cluster | ClusterConfig | None = None) -> None:
     if cluster is None or isinstance(cluster, ClusterConfig):
         cluster = cluster_for(cluster or ClusterConfig())
     state = cluster.config.workdir / "clusters" / cluster.config.name
+    with _SUPERVISORS_LOCK:
+        supervisor = _SUPERVISORS.pop(state, None)
+    if supervisor is not None:  # nothing may start a component kwokctl is stopping
+        supervisor.stop()
     # kwokctl stops components by the pids in its pid files. Those are only this
     # namespace's processes when the API server answers here; after the namespace
     # that ran the cluster is gone they may name unrelated processes, so then the
     # state is only removed.
     if state.exists() and cluster.is_running():
         cluster.kwokctl("delete", "cluster", f"--kubeconfig={cluster.kubeconfig}")
-    _RESTARTED[:] = [p for p in _RESTARTED if p.poll() is None]
+    if supervisor is not None:
+        supervisor.reap()
     shutil.rmtree(state, ignore_errors=True)
     cluster.kubeconfig.unlink(missing_ok=True)
     cluster.config.config_file.unlink(missing_ok=True)

@@ -8,6 +8,9 @@ the configured probability, with a Kubernetes `Status` body, and 429s carry `Ret
 API priority and fairness sends them. The proxy speaks plain HTTP on 127.0.0.1 and uses the
 cluster's admin client certificate upstream. Every request is counted (`counts`), so a test can
 bound how many writes the operator made.
+
+`serve_on_loopback` (an aiohttp server on its own event loop in a thread) and
+`forwarded_headers` are shared with e2e/prometheus_proxy.py.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import random
 import ssl
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +102,67 @@ def proxied_kubeconfig(url: str, path: Path) -> Path:
     return path
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@contextlib.contextmanager
+def serve_on_loopback(
+    make_handler: Callable[[aiohttp.ClientSession], Handler],
+    name: str,
+    port: int = 0,
+    tls: ssl.SSLContext | None = None,
+) -> Iterator[int]:
+    """Serve every path with `make_handler(session)` on 127.0.0.1 from an event loop in a
+    thread of its own, `session` being an aiohttp client session for the upstream (`tls`: its
+    TLS context; bodies passed on as they come, undecoded); yields the port, and stops the
+    server on exit."""
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    stop = asyncio.Event()
+    bound: list[int] = []
+    failure: list[BaseException] = []
+
+    async def serve() -> None:
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+        connector = aiohttp.TCPConnector(ssl=tls) if tls is not None else None
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=False
+        ) as session:
+            app = web.Application(client_max_size=64 * 1024 * 1024)
+            app.router.add_route("*", "/{tail:.*}", make_handler(session))
+            runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            bound.append(runner.addresses[0][1])
+            ready.set()
+            await stop.wait()
+            await runner.cleanup()
+
+    def main() -> None:
+        try:
+            loop.run_until_complete(serve())
+        except BaseException as error:  # reported to the caller, never lost
+            failure.append(error)
+            ready.set()
+
+    thread = threading.Thread(target=main, name=name, daemon=True)
+    thread.start()
+    ready.wait(30)
+    if failure or not bound:
+        raise RuntimeError(f"the {name} did not start") from (failure[0] if failure else None)
+    try:
+        yield bound[0]
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(30)
+        loop.close()
+
+
+def forwarded_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """Pure: the end-to-end headers of a request or answer (hop-by-hop ones dropped)."""
+    return {k: v for k, v in headers.items() if k.lower() not in _DROP}
+
+
 @dataclass
 class FaultProxy:
     """The proxy, run on its own event loop in a thread (`running`)."""
@@ -129,47 +193,13 @@ class FaultProxy:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[FaultProxy]:
-        loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        stop = asyncio.Event()
-        failure: list[BaseException] = []
-
-        async def serve() -> None:
-            upstream, tls = kubeconfig_upstream(self.kubeconfig)
-            rng = random.Random(self.seed)
-            timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
-            async with aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=tls), timeout=timeout, auto_decompress=False
-            ) as session:
-                app = web.Application(client_max_size=64 * 1024 * 1024)
-                app.router.add_route("*", "/{tail:.*}", self._handler(session, upstream, rng))
-                runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-                await runner.setup()
-                site = web.TCPSite(runner, "127.0.0.1", self.port)
-                await site.start()
-                self.port = runner.addresses[0][1]
-                ready.set()
-                await stop.wait()
-                await runner.cleanup()
-
-        def main() -> None:
-            try:
-                loop.run_until_complete(serve())
-            except BaseException as error:  # reported to the caller, never lost
-                failure.append(error)
-                ready.set()
-
-        thread = threading.Thread(target=main, name="fault-proxy", daemon=True)
-        thread.start()
-        ready.wait(30)
-        if failure:
-            raise RuntimeError("the fault proxy did not start") from failure[0]
-        try:
+        upstream, tls = kubeconfig_upstream(self.kubeconfig)
+        rng = random.Random(self.seed)
+        with serve_on_loopback(
+            lambda session: self._handler(session, upstream, rng), "fault proxy", self.port, tls
+        ) as port:
+            self.port = port
             yield self
-        finally:
-            loop.call_soon_threadsafe(stop.set)
-            thread.join(30)
-            loop.close()
 
     def _handler(self, session: aiohttp.ClientSession, upstream: str, rng: random.Random) -> Any:
         async def handle(request: web.Request) -> web.StreamResponse:
@@ -179,7 +209,7 @@ class FaultProxy:
                 headers = {"Retry-After": str(self.rates.retry_after_s)} if code == 429 else {}
                 body = status_body(code, request.method, request.path)
                 return web.json_response(body, status=code, headers=headers)
-            headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP}
+            headers = forwarded_headers(request.headers)
             data = await request.read()
             # The Python client sends some bodies without a Content-Type (the API server
             # reads them as JSON); aiohttp would label them application/octet-stream, which
@@ -195,7 +225,7 @@ class FaultProxy:
                 self.count(f"{request.method} {answer.status}")
                 response = web.StreamResponse(
                     status=answer.status,
-                    headers={k: v for k, v in answer.headers.items() if k.lower() not in _DROP},
+                    headers=forwarded_headers(answer.headers),
                 )
                 await response.prepare(request)
                 # Watches are long streams of events: pass each chunk on as it comes.

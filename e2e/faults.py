@@ -14,7 +14,8 @@ where the process bridge runs the simulated workers and the real vllm-router.
 * etcd and kube-apiserver SIGKILLed and started again, the operator left running;
 * 409 Conflict and 429 Too Many Requests on a share of the operator's writes (e2e/fault_proxy.py);
 * the router process killed under streaming load; a decode worker killed mid-stream;
-* Prometheus stopped, and Prometheus with its scrape targets gone, under an enabled autoscaler.
+* under an enabled autoscaler, Prometheus stopped, then answering NaN series, then stale
+  samples (e2e/prometheus_proxy.py).
 
 After every run the service must converge (e2e/children.py: children equal the render of the
 final spec, owned by it, no orphan or duplicate, observedGeneration current). "Lost" counts
@@ -28,6 +29,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import signal
@@ -39,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes import client, config
 
@@ -56,6 +58,7 @@ from e2e.fault_proxy import FaultProxy, FaultRates, injected, proxied_kubeconfig
 from e2e.loadgen import OK, LoadRun, Phase, Record
 from e2e.operator_process import OperatorProcess
 from e2e.prometheus import Prometheus, start_for_cluster
+from e2e.prometheus_proxy import PrometheusProxy
 from pdfleet import labels
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -176,16 +179,22 @@ def problems_of(
 
 
 def wait_converged(
-    api: Any, namespace: str, names: Sequence[str], timeout_s: float, require_ready: bool = True
+    api: Any,
+    namespace: str,
+    names: Sequence[str],
+    timeout_s: float,
+    require_ready: bool = True,
+    alive: Callable[[], bool] = lambda: True,
 ) -> list[str]:
-    """Poll until every service converged; the problems left at the deadline (empty: ok)."""
+    """Poll until every service converged; the problems left at the deadline (empty: ok).
+    Gives up early once `alive()` is false (e.g. the operator exited)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             left = problems_of(api, namespace, names, require_ready)
         except (client.ApiException, OSError) as error:  # the API server may still be waking
             left = [f"read failed: {error}"]
-        if not left or time.monotonic() > deadline:
+        if not left or time.monotonic() > deadline or not alive():
             return left
         time.sleep(1.0)
 
@@ -300,11 +309,22 @@ def operator_sigkill(
     return outcome
 
 
-def lease_renewed_after(api: Any, name: str, moment: float) -> bool:
+def lease_renew_time(api: Any, name: str) -> float:
+    """When the lease `name` (kube-system) was last renewed, in Unix seconds (0: never)."""
     coordination: Any = client.CoordinationV1Api(api)
-    lease = coordination.read_namespaced_lease(name, "kube-system")
-    renewed = lease.spec.renew_time
-    return renewed is not None and renewed.timestamp() > moment
+    renewed = coordination.read_namespaced_lease(name, "kube-system").spec.renew_time
+    return 0.0 if renewed is None else float(renewed.timestamp())
+
+
+def lease_renewed_after(api: Any, name: str, moment: float) -> bool:
+    return lease_renew_time(api, name) > moment
+
+
+#: The operator's renew deadline (lease 15 s less one 5 s renew period, kube/lease.py): a
+#: leader that renewed nothing for this long steps down (exits) by design.
+RENEW_DEADLINE_S = 10.0
+#: The harness sees the API server back up to ~1 s late (0.5 s polls of a kubectl call).
+BACK_PRECISION_S = 1.0
 
 
 def apiserver_restart(
@@ -312,44 +332,63 @@ def apiserver_restart(
     progress: Progress = print,
 ) -> Outcome:  # fmt: skip
     """etcd and kube-apiserver SIGKILLed and started again (their data survives) while the
-    operator (leader election on) runs: without a restart of its own it must re-establish its
-    watches (a spec change made after the restart is reconciled) and keep renewing its lease."""
+    operator (leader election on) runs. The cluster's supervisor starts again whatever else
+    exits meanwhile (Cluster.crash_and_restart). The operator must re-establish its watches
+    (a spec change made after the restart is reconciled, the service Ready again) and keep
+    renewing its lease, without a restart of its own, unless the API server stayed away past
+    the renew deadline counted from the lease's last renewal: then it steps down by design,
+    is started again as a Deployment would, and the service must converge all the same."""
     rng = random.Random(seed)
     outcome = Outcome("etcd + kube-apiserver SIGKILLed and restarted")
+    outages: list[float] = []
+    step_downs = 0
     with services(cluster, api, 1, "apiserver") as (namespace, names):
         operator = operator_for(cluster.kubeconfig, workdir, namespace)
-        stale = 0
         try:
             pid = start_converged(operator, api, namespace, names)
             for run in range(runs):
                 outcome.runs += 1
-                # Shorter than the 15 s lease: a leader cut off longer exits by design.
                 down_s = rng.uniform(0.0, 6.0)
+                renewed = lease_renew_time(api, operator.lease_name)
                 cluster.crash_and_restart(("etcd", "kube-apiserver"), down_s)
                 wait_until(cluster.is_running, 120, "the API server back", interval_s=0.5)
                 back = time.time()
+                outages.append(round(back - renewed, 1))
                 patch_isvc(api, namespace, names[0], random_change(rng))
-                # Children and observedGeneration: the watches are back. Ready is counted
-                # apart: it also needs the controller-manager, which may have exited during
-                # the outage (docs/reliability.md, "Known").
-                problems = wait_converged(api, namespace, names, 120, require_ready=False)
-                if wait_converged(api, namespace, names, 30):
-                    stale += 1
+                problems = wait_converged(api, namespace, names, 120, alive=operator.running)
                 if not same_process(operator, pid):
-                    problems.append("the operator exited")
+                    step_downs += 1
+                    operator.stop()
+                    operator.start().wait_healthy(timeout=180)
+                    assert operator.process is not None
+                    pid = operator.process.pid
+                    problems = wait_converged(api, namespace, names, 120)
+                    if back - renewed < RENEW_DEADLINE_S - BACK_PRECISION_S:
+                        problems.append(
+                            f"the operator exited though the API server was back "
+                            f"{back - renewed:.1f}s after its last renewal"
+                        )
                 try:
                     wait_until(
                         partial(lease_renewed_after, api, operator.lease_name, back),
-                        30, "the lease renewed after the restart",
+                        60, "the lease renewed after the restart",
                     )  # fmt: skip
                 except TimeoutError as error:
                     problems.append(str(error))
                 if problems:
                     outcome.fail(f"restart {run + 1} (down {down_s:.1f}s): {problems[:5]}")
-                progress(f"  restart {run + 1} (down {down_s:.1f}s): ok={not problems}")
+                progress(
+                    f"  restart {run + 1} (down {down_s:.1f}s, {back - renewed:.1f}s since the "
+                    f"last renewal): ok={not problems}, step-downs {step_downs}, "
+                    f"components started again {cluster.component_restarts()}"
+                )
         finally:
             operator.stop()
-    outcome.figures = {"status_not_ready_after_restart": stale}
+    outcome.figures = {
+        "since_renewal_when_back_s": outages,
+        "operator_step_downs": step_downs,
+        "components_started_again": cluster.component_restarts(),
+    }
     return outcome
 
 
@@ -408,17 +447,19 @@ def conflicts_and_throttling(
 #: Offered load while a data-plane fault happens: Poisson arrivals, each a streamed completion
 #: of about two seconds on the simulator (real time), so several streams are always in flight.
 LOAD = Phase("steady", duration_s=45.0, rate=4.0, prompt_tokens=256, output_tokens=256)
-#: Long enough for fresh metrics, an outage and the recovery (the fault waits on each).
-OUTAGE_LOAD = Phase("steady", duration_s=240.0, rate=2.0, prompt_tokens=256, output_tokens=256)
+#: Long enough for fresh metrics and the three Prometheus faults with their recoveries (118 s
+#: after the load's start in a short-suite run); each fault waits on its own marks.
+OUTAGE_LOAD = Phase("steady", duration_s=200.0, rate=2.0, prompt_tokens=256, output_tokens=256)
 #: A request that started this soon before the router noticed may already have been routed.
 ROUTING_SLACK_S = 1.0
 
 Marks = dict[str, float]
+M = TypeVar("M")
 
 
 def under_load(
-    url: str, fault: Callable[[float], Marks], seed: int, load: Phase = LOAD
-) -> tuple[list[Record], Marks]:
+    url: str, fault: Callable[[float], M], seed: int, load: Phase = LOAD
+) -> tuple[list[Record], M]:
     """Replay `load` against a router while `fault(t0)` runs in this thread; the records and
     the fault's marks, both in seconds since t0 (the load's start)."""
     run = LoadRun(url=url, model=MODEL, phases=[load], seed=seed)
@@ -545,11 +586,7 @@ def repeat_under_load(
             outcome.fail(f"run {run + 1}: {error}")
             continue
         figures = {**split_failures(records, marks["kill"], marks["settled"]), **marks}
-        late = [
-            f"{r.outcome} at {r.start_s:.1f}s: {r.detail}"
-            for r in records
-            if r.outcome != OK and r.start_s >= marks["settled"]
-        ]
+        late = late_failures(records, marks["settled"])
         record_run(outcome, figures, f"run {run + 1}: failed after: {late[:3]}" if late else None)
         progress(f"  run {run + 1}: {figures}")
     return outcome
@@ -612,58 +649,130 @@ def desired(service: Service) -> tuple[int, int]:
     return tuple(int((status.get(r) or {}).get("desired", 0)) for r in labels.WORKER_ROLES)  # type: ignore[return-value]
 
 
-def prometheus_outage(service: Service, prometheus: Prometheus, t0: float) -> Marks:
-    """Fresh metrics, then Prometheus stopped: MetricsAvailable=False (MetricsMissing) with a
-    Warning Event, and no scaling decision for 20 s; then back: True again."""
-    fresh = lambda: metrics_condition(service).get("status") == "True"  # noqa: E731
-    wait_until(fresh, 120, "MetricsAvailable=True")
-    before = desired(service)
-    prometheus.stop()
-    kill = time.monotonic() - t0
-    wait_until(
-        lambda: metrics_condition(service).get("reason") == "MetricsMissing",
-        60, "MetricsAvailable=False (MetricsMissing)",
-    )  # fmt: skip
-    held = time.monotonic() - t0
-    changed = []
-    for _ in range(20):
-        if desired(service) != before:
-            changed.append(desired(service))
-        time.sleep(1.0)
-    events = [e for e in service.events(["MetricsUnavailable"]) if e.type == "Warning"]
-    prometheus.restart()
-    wait_until(fresh, 120, "MetricsAvailable=True after the restart")
+def warning_counts(service: Service) -> dict[str, tuple[str, int]]:
+    """MetricsUnavailable Warning Events: name -> (message, count)."""
+    found = service.events(["MetricsUnavailable"])
     return {
-        "kill": kill,
-        "settled": kill,  # the client load does not depend on Prometheus at all
-        "held_after_s": held - kill,
-        "decisions_while_down": float(len(changed)),
-        "warning_events": float(len(events)),
+        e.metadata.name: (e.message or "", int(e.count or 1)) for e in found if e.type == "Warning"
     }
 
 
-def prometheus_down(
+def new_warnings(
+    before: Mapping[str, tuple[str, int]], after: Mapping[str, tuple[str, int]], reason: str
+) -> int:
+    """Pure: MetricsUnavailable Warnings naming `reason` recorded between two snapshots."""
+    return sum(
+        count - (before[name][1] if name in before else 0)
+        for name, (message, count) in after.items()
+        if reason in message
+    )
+
+
+#: The Prometheus faults, in the order one run injects them: how, and the reason the
+#: operator must give (docs/reliability.md).
+PROMETHEUS_FAULTS: dict[str, tuple[str, str]] = {
+    "down": ("Prometheus down (autoscaler on)", "MetricsMissing"),
+    "nan": ("Prometheus answering NaN series (autoscaler on)", "MetricsNaN"),
+    "stale": ("Prometheus answering stale samples (autoscaler on)", "MetricsStale"),
+}
+#: How long each fault lasts once the operator reported it (no decision may change desired).
+HOLD_S = 20.0
+
+
+def prometheus_fault(
+    service: Service, prometheus: Prometheus, proxy: PrometheusProxy, fault: str, t0: float
+) -> Marks:
+    """Fresh metrics, then `fault` (Prometheus stopped, or the proxy corrupting its answers):
+    MetricsAvailable=False with the fault's reason and a Warning Event, no change of either
+    pool's desired replicas while it lasts; then it ends: True again. A wait that times out
+    ends the fault and is reported as `timed_out` (1.0) in the marks."""
+    reason = PROMETHEUS_FAULTS[fault][1]
+    fresh = lambda: metrics_condition(service).get("status") == "True"  # noqa: E731
+    marks: Marks = {"start": time.monotonic() - t0, "timed_out": 0.0}
+    try:
+        wait_until(fresh, 120, "MetricsAvailable=True")
+        events, before = warning_counts(service), desired(service)
+        marks["start"] = start = time.monotonic() - t0
+        if fault == "down":
+            prometheus.stop()
+        else:
+            proxy.switch("nan" if fault == "nan" else "stale")
+        wait_until(
+            lambda: metrics_condition(service).get("reason") == reason,
+            60, f"MetricsAvailable=False ({reason})",
+        )  # fmt: skip
+        marks["held_after_s"] = time.monotonic() - t0 - start
+        changed = []
+        for _ in range(round(HOLD_S)):
+            now = desired(service)
+            if now != before:
+                changed.append(now)
+            time.sleep(1.0)
+        marks["desired_changes_during"] = float(len(changed))
+        marks["warning_events"] = float(new_warnings(events, warning_counts(service), reason))
+    except TimeoutError as error:
+        print(f"  {fault}: {error}", flush=True)
+        marks["timed_out"] = 1.0
+    finally:
+        if fault == "down":
+            prometheus.restart()
+        proxy.switch("pass")
+    try:
+        wait_until(fresh, 120, "MetricsAvailable=True after the fault")
+        marks["ended_after_s"] = time.monotonic() - t0 - marks["start"]
+    except TimeoutError as error:
+        print(f"  {fault}: {error}", flush=True)
+        marks["timed_out"] = 1.0
+    return marks
+
+
+def late_failures(records: Sequence[Record], start_s: float, end_s: float = math.inf) -> list[str]:
+    """Pure: what each request that started in [start_s, end_s) and failed got."""
+    return [
+        f"{r.outcome} at {r.start_s:.1f}s: {r.detail}"
+        for r in records
+        if r.outcome != OK and start_s <= r.start_s < end_s
+    ]
+
+
+def prometheus_faults(
     cluster: Cluster, service: Service, runs: int, workdir: Path, progress: Progress = print
-) -> Outcome:
-    """Prometheus stopped under load with the autoscaler on: it must hold (no decision), say
-    why (condition, Event), and resume once Prometheus is back. No request may fail."""
-    outcome = Outcome("Prometheus down (autoscaler on)", requests=0, lost=0)
+) -> list[Outcome]:
+    """With the autoscaler on, reading a real Prometheus through PrometheusProxy, under load:
+    each run stops Prometheus, then makes it answer NaN, then stale samples (one row each).
+    The autoscaler must hold (no change of desired), say why (condition reason, Warning Event)
+    and resume after each. No request may fail: none depends on Prometheus. Each row counts
+    the requests that started from its fault's start to the next fault's (the first row from
+    the load's start, the last to its end)."""
+    outcomes = {f: Outcome(row, requests=0, lost=0) for f, (row, _) in PROMETHEUS_FAULTS.items()}
     with start_for_cluster(cluster, workdir, namespaces=[service.namespace]) as prometheus:
-        patch_isvc(service.api, service.namespace, service.name, autoscaling_patch(prometheus.url))
-        for run in range(runs):
-            outcome_fault = partial(prometheus_outage, service, prometheus)
-            records, marks = under_load(service.router(), outcome_fault, 10 + run, OUTAGE_LOAD)
-            figures = {**split_failures(records, marks["kill"], marks["settled"]), **marks}
-            why = []
-            if marks["decisions_while_down"]:
-                why.append("scaled while metrics were missing")
-            if not marks["warning_events"]:
-                why.append("no MetricsUnavailable Event")
-            if figures["failed_after_settled"]:
-                why.append(f"{figures['failed_after_settled']} requests failed")
-            record_run(outcome, figures, f"run {run + 1}: {why}" if why else None)
-            progress(f"  run {run + 1}: {figures}")
-    return outcome
+        proxy = PrometheusProxy(prometheus.url)
+        with proxy.running():
+            patch_isvc(service.api, service.namespace, service.name, autoscaling_patch(proxy.url))
+            for run in range(runs):
+
+                def inject_all(t0: float) -> dict[str, Marks]:
+                    return {f: prometheus_fault(service, prometheus, proxy, f, t0)
+                            for f in PROMETHEUS_FAULTS}  # fmt: skip
+
+                records, marks = under_load(service.router(), inject_all, 10 + run, OUTAGE_LOAD)
+                starts = [0.0, *[m["start"] for m in marks.values()][1:], math.inf]
+                for i, (fault, m) in enumerate(marks.items()):
+                    segment = [r for r in records if starts[i] <= r.start_s < starts[i + 1]]
+                    failed = late_failures(segment, starts[i])
+                    figures = {"requests": float(len(segment)), "in_flight_broken": 0.0,
+                               "failed_before_settled": 0.0,
+                               "failed_after_settled": float(len(failed)), **m}  # fmt: skip
+                    why = ["timed out (see the log)"] if m["timed_out"] else []
+                    if m.get("desired_changes_during"):
+                        why.append("desired changed while the metrics were bad")
+                    if not m.get("warning_events"):
+                        why.append("no MetricsUnavailable Warning Event")
+                    if failed:
+                        why.append(f"{len(failed)} requests failed: {failed[:3]}")
+                    record_run(outcomes[fault], figures, f"run {run + 1}: {why}" if why else None)
+                    progress(f"  {fault} run {run + 1}: {figures}")
+    return list(outcomes.values())
 
 
 # ----- the command -----------------------------------------------------------------------------
@@ -678,14 +787,14 @@ CONTROL_PLANE: dict[str, Fault] = {
 }
 
 
-ServiceFault = Callable[[Cluster, Service, argparse.Namespace, Progress], Outcome]
+ServiceFault = Callable[[Cluster, Service, argparse.Namespace, Progress], list[Outcome]]
 
 #: Faults on the bridge cluster's service (1 prefill, 2 decode workers, 1 router), in order.
 DATA_PLANE: dict[str, ServiceFault] = {
-    "router": lambda _, svc, a, p: router_killed(svc, a.runs, progress=p),
-    "worker": lambda _, svc, a, p: worker_killed(svc, a.runs, progress=p),
+    "router": lambda _, svc, a, p: [router_killed(svc, a.runs, progress=p)],
+    "worker": lambda _, svc, a, p: [worker_killed(svc, a.runs, progress=p)],
     # Last: it turns the autoscaler on, after which the pools may change size.
-    "prometheus": lambda c, svc, a, p: prometheus_down(
+    "prometheus": lambda c, svc, a, p: prometheus_faults(
         c, svc, a.prometheus_runs, a.workdir / "prometheus", p
     ),
 }
@@ -710,7 +819,7 @@ def run_service_faults(
         with deployed_service(cluster, api, args.workdir / "pods", FLEET) as service:
             for name in selected(DATA_PLANE, args):
                 progress(f"{name} ...")
-                outcomes.append(DATA_PLANE[name](cluster, service, args, progress))
+                outcomes += DATA_PLANE[name](cluster, service, args, progress)
     finally:
         api.close()
     return outcomes
@@ -744,7 +853,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write results.json, table.md")
     parser.add_argument("--reconciles", type=int, default=200)
     parser.add_argument("--runs", type=int, default=10, help="repetitions of the other faults")
-    parser.add_argument("--prometheus-runs", type=int, default=3, help="outages (4 min each)")
+    parser.add_argument(
+        "--prometheus-runs",
+        type=int,
+        default=3,
+        help="runs of the three Prometheus faults (~3.5 min each)",
+    )
     parser.add_argument("--only", nargs="*", default=[], choices=[*CONTROL_PLANE, *DATA_PLANE])
     parser.add_argument("--workdir", type=Path, default=None, help="logs (default: a temp dir)")
     args = parser.parse_args(argv)

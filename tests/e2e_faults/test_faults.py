@@ -12,11 +12,12 @@ import pytest
 from e2e.cluster import Cluster
 from e2e.drain_scenario import Service
 from e2e.faults import (
+    PROMETHEUS_FAULTS,
     Outcome,
     apiserver_restart,
     conflicts_and_throttling,
     operator_sigkill,
-    prometheus_down,
+    prometheus_faults,
     router_killed,
     table,
     worker_killed,
@@ -48,7 +49,7 @@ def test_conflicts_and_throttling_converge_without_a_hot_loop(
     assert injected.get(409) and injected.get(429), injected
 
 
-def test_etcd_and_apiserver_crash_the_operator_recovers_without_restart(
+def test_etcd_and_apiserver_crash_the_service_is_reconciled_and_ready_again(
     control_plane: Cluster, cp_api: Any, tmp_path: Path
 ) -> None:
     check(apiserver_restart(control_plane, cp_api, tmp_path, runs=2), 2)
@@ -66,11 +67,16 @@ def test_worker_killed_mid_stream_nothing_fails_once_the_router_noticed(fleet: S
     assert outcome.requests
 
 
-def test_prometheus_down_the_autoscaler_holds_and_says_why(
+def test_prometheus_down_nan_or_stale_the_autoscaler_holds_and_says_why(
     bridge_cluster: Cluster, fleet: Service, tmp_path: Path
 ) -> None:
     # Last in this file: it turns the autoscaler on, after which the pools may change size.
-    outcome = prometheus_down(bridge_cluster, fleet, 1, tmp_path)
-    check(outcome, 1)
-    (run,) = outcome.figures["runs"]
-    assert run["warning_events"] >= 1 and run["decisions_while_down"] == 0, run
+    outcomes = prometheus_faults(bridge_cluster, fleet, 1, tmp_path)
+    print(table(outcomes))
+    assert [o.fault for o in outcomes] == [row for row, _ in PROMETHEUS_FAULTS.values()]
+    for outcome in outcomes:
+        print(outcome.figures)
+        (run,) = outcome.figures["runs"]
+        assert run["warning_events"] >= 1 and run["desired_changes_during"] == 0, run
+        assert run["requests"] > 0, run
+    assert not [p for o in outcomes for p in o.problems], [o.problems for o in outcomes]

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from e2e import prometheus
+from e2e.prometheus_proxy import Mode, PrometheusProxy
 from pdfleet.autoscale import promql
 from pdfleet.autoscale.metrics import PrometheusSource
 from pdfleet.autoscale.policy import (
@@ -273,3 +274,30 @@ def test_an_unreachable_prometheus_reads_as_missing() -> None:
     m = PrometheusSource(url, timeout_s=2).window(NAMESPACE, SERVICE, time.time(), 90, 60)
     assert m.prefill is None and m.decode is None
     assert time.monotonic() - started < 5, "one failed query ends the window's reads"
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [("pass", None), ("nan", "MetricsNaN"), ("stale", "MetricsStale"), ("empty", "MetricsMissing")],
+)
+def test_the_fault_suites_prometheus_proxy_gives_each_reason(
+    loaded: Loaded, mode: Mode, reason: str | None
+) -> None:
+    """e2e/prometheus_proxy.py in front of this Prometheus: what each mode does to real
+    answers is what the autoscaler's reader reports (the fault suite relies on it)."""
+    proxy = PrometheusProxy(loaded.prom.url)
+    with proxy.running():
+        proxy.switch(mode)
+        source = PrometheusSource(proxy.url, disable_ssl=True)
+        m = source.window(NAMESPACE, SERVICE, time.time(), PERCENTILE, loaded.window_s)
+        config = PolicyConfig(ttft_target_s=1.0, itl_target_s=0.05)
+        assert metrics_problem(time.time(), config, m) == reason
+        queries = 2 * len(promql.role_queries(promql.Target(NAMESPACE, SERVICE, "x"), 50, 60))
+        assert proxy.rewritten == (0 if mode == "pass" else queries)
+
+
+def test_the_prometheus_proxy_in_front_of_a_stopped_prometheus_reads_as_missing() -> None:
+    proxy = PrometheusProxy(f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    with proxy.running():
+        m = PrometheusSource(proxy.url, timeout_s=2).window(NAMESPACE, SERVICE, time.time(), 90, 60)
+    assert metrics_problem(time.time(), PolicyConfig(1.0, 0.05), m) == "MetricsMissing"

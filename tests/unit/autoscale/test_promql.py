@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 
 from pdfleet.autoscale import promql
-from pdfleet.autoscale.metrics import PrometheusSource, parse_scalar, to_role_metrics
+from pdfleet.autoscale.metrics import (
+    PrometheusSource,
+    parse_sample,
+    parse_scalar,
+    to_role_metrics,
+)
+from pdfleet.autoscale.policy import PolicyConfig, metrics_problem
 
 T = promql.Target("serving", "llama-8b", "prefill")
 SEL = 'namespace="serving",pdfleet_service="llama-8b",pdfleet_role="prefill"'
@@ -122,3 +128,47 @@ def test_source_builds_window() -> None:
 def test_source_down_means_missing() -> None:
     w = PrometheusSource("http://prom", client=_Fake(fail=True)).window("n", "s", 10.0, 95, 60)
     assert w.prefill is None and w.decode is None
+
+
+class _Answers:
+    """Answers every query with one sample of `value` evaluated at `at_s` (None: no series)."""
+
+    def __init__(self, value: str | None, at_s: float = 10.0) -> None:
+        self.value, self.at_s = value, at_s
+
+    def custom_query(self, query: str) -> list[dict[str, Any]]:
+        return [] if self.value is None else [{"metric": {}, "value": [self.at_s, self.value]}]
+
+
+CFG = PolicyConfig(ttft_target_s=1.0, itl_target_s=0.02)
+
+
+@pytest.mark.parametrize(
+    ("answers", "reason"),
+    [
+        (_Answers("2"), None),
+        (_Answers(None), "MetricsMissing"),
+        (_Answers("NaN"), "MetricsNaN"),
+        (_Answers("2", at_s=10.0 - 600), "MetricsStale"),
+        (_Answers("NaN", at_s=10.0 - 600), "MetricsStale"),
+    ],
+    ids=["fresh", "no series", "NaN series", "old answers", "old NaN answers"],
+)
+def test_what_prometheus_answers_decides_the_reason(answers: _Answers, reason: str | None) -> None:
+    w = PrometheusSource("http://prom", client=answers).window("n", "s", 10.0, 95, 60)
+    assert metrics_problem(10.0, CFG, w) == reason
+
+
+def test_the_window_is_dated_by_its_oldest_answer() -> None:
+    w = PrometheusSource("http://prom", client=_Answers("2", at_s=7.5)).window(
+        "n", "s", 10.0, 95, 60
+    )
+    assert w.at_s == 7.5
+    unreadable = PrometheusSource("http://prom", client=_Answers("2", at_s=math.nan))
+    assert unreadable.window("n", "s", 10.0, 95, 60).at_s == 10.0
+
+
+def test_parse_sample_tells_no_series_from_a_nan_series() -> None:
+    assert parse_sample([]) is None
+    value, at_s = parse_sample([{"metric": {}, "value": [3.0, "NaN"]}]) or (0.0, 0.0)
+    assert math.isnan(value) and at_s == 3.0

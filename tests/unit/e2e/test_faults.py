@@ -10,9 +10,20 @@ import pytest
 
 from e2e.children import convergence_problems
 from e2e.fault_proxy import FaultRates, choose_fault, injected
-from e2e.faults import Outcome, base_service, merged, random_change, split_failures, table
+from e2e.faults import (
+    Outcome,
+    base_service,
+    merged,
+    new_warnings,
+    random_change,
+    split_failures,
+    table,
+)
 from e2e.loadgen import ERROR, OK, TRUNCATED, Record
+from e2e.prometheus_proxy import Mode, rewrite
 from pdfleet.api.v1alpha1 import InferenceService
+from pdfleet.autoscale.metrics import PrometheusSource
+from pdfleet.autoscale.policy import PolicyConfig, metrics_problem
 from pdfleet.reconcile.plan import desired_replicas, with_hash
 from pdfleet.render import render_children
 
@@ -127,3 +138,47 @@ def test_merged_replaces_rows_of_the_faults_run_again() -> None:
     old = [Outcome("a", 1, 0), Outcome("b", 1, 1)]
     new = [Outcome("b", 5, 0), Outcome("c", 2, 0)]
     assert [(o.fault, o.runs) for o in merged(old, new)] == [("a", 1), ("b", 5), ("c", 2)]
+
+
+ANSWER = {
+    "status": "success",
+    "data": {"resultType": "vector", "result": [{"metric": {}, "value": [1000.0, "2.5"]}]},
+}
+
+
+def test_the_prometheus_proxy_rewrites_each_sample_as_its_mode_says() -> None:
+    def sample(mode: Mode) -> list[Any]:
+        return list(rewrite(ANSWER, mode, 600.0)["data"]["result"][0]["value"])
+
+    assert sample("pass") == [1000.0, "2.5"]
+    assert sample("nan") == [1000.0, "NaN"]
+    assert sample("stale") == [400.0, "2.5"]
+    assert rewrite(ANSWER, "empty", 600.0)["data"]["result"] == []
+    matrix = {"data": {"result": [{"values": [[1.0, "1"], [2.0, "2"]]}]}}
+    assert rewrite(matrix, "nan", 0)["data"]["result"][0]["values"] == [[1.0, "NaN"], [2.0, "NaN"]]
+    assert ANSWER["data"]["result"][0]["value"] == [1000.0, "2.5"]  # type: ignore[index]
+    assert rewrite({"status": "error"}, "nan", 600.0) == {"status": "error"}
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [("pass", None), ("nan", "MetricsNaN"), ("stale", "MetricsStale"), ("empty", "MetricsMissing")],
+)
+def test_each_proxy_mode_gives_the_operator_its_reason(mode: Mode, reason: str | None) -> None:
+    """What the proxy sends is what the operator's reader turns into each condition reason."""
+
+    class Client:
+        def custom_query(self, query: str) -> list[dict[str, Any]]:
+            return list(rewrite(ANSWER, mode, 600.0)["data"]["result"])
+
+    window = PrometheusSource("http://proxy", client=Client()).window("n", "s", 1000.0, 90, 30)
+    config = PolicyConfig(ttft_target_s=0.5, itl_target_s=0.05)
+    assert metrics_problem(1000.0, config, window) == reason
+
+
+def test_new_warnings_count_only_the_reason_since_the_snapshot() -> None:
+    before = {"a": ("MetricsMissing", 3), "b": ("MetricsNaN", 1)}
+    after = {"a": ("MetricsMissing", 5), "b": ("MetricsNaN", 2), "c": ("MetricsNaN", 1)}
+    assert new_warnings(before, after, "MetricsNaN") == 2
+    assert new_warnings(before, after, "MetricsMissing") == 2
+    assert new_warnings(after, after, "MetricsStale") == 0

@@ -29,8 +29,8 @@ def test_renewal_verdict(renewed: bool, other: bool, since_ok: float, verdict: s
 
 
 class Scripted(LeaderElector):
-    """Renewal attempts play a script (True, False or an exception); the clock advances one
-    renew period per attempt and the stop flag never waits."""
+    """Renewal attempts play a script (True, False or an exception); the clock advances by
+    what the loop waits before each attempt (`NoWait`), without sleeping."""
 
     def __init__(self, script: list[Any], holder_other: bool = False) -> None:
         self.now = datetime(2026, 1, 1, tzinfo=UTC)
@@ -41,7 +41,6 @@ class Scripted(LeaderElector):
 
     def try_acquire_or_renew(self) -> bool:
         self.attempts += 1
-        self.now += timedelta(seconds=self.renew_every_s)
         step = next(self.script)
         if isinstance(step, BaseException):
             raise step
@@ -52,18 +51,21 @@ class Scripted(LeaderElector):
 
 
 class NoWait(threading.Event):
-    def __init__(self, rounds: int) -> None:
+    def __init__(self, rounds: int, elector: Scripted) -> None:
         super().__init__()
-        self.rounds = rounds
+        self.rounds, self.elector = rounds, elector
+        self.waits: list[float] = []
 
     def wait(self, timeout: float | None = None) -> bool:
         self.rounds -= 1
+        self.waits.append(timeout or 0.0)
+        self.elector.now += timedelta(seconds=timeout or 0.0)
         return self.rounds < 0
 
 
 def run(elector: Scripted, rounds: int) -> bool:
     lost: list[bool] = []
-    elector.keep_renewing(NoWait(rounds), lambda: lost.append(True))
+    elector.keep_renewing(NoWait(rounds, elector), lambda: lost.append(True))
     return bool(lost)
 
 
@@ -93,5 +95,16 @@ def test_no_renewal_until_the_deadline_ends_leadership_before_the_lease_expires(
     error = ApiException(status=503)
     elector = Scripted([error] * 10)
     assert run(elector, 10)
-    # Renew period 5 s, lease 15 s: the deadline (10 s) passes on the second failure.
-    assert elector.attempts == 2
+    # Renew period 5 s, lease 15 s, retries every 1 s: the deadline (10 s) is reached at the
+    # sixth attempt (5 + 5 x 1 s), 5 s before the lease expires.
+    assert elector.attempts == 6
+
+
+def test_a_refused_renewal_is_retried_soon_not_a_renew_period_later() -> None:
+    # Two refused writes in a row (409 on a stale read, 429 from API priority and fairness)
+    # used to cost 10 s, the whole renew deadline; retried every second they cost 2.
+    stop = NoWait(5, elector := Scripted([True, False, False, True, True]))
+    lost: list[bool] = []
+    elector.keep_renewing(stop, lambda: lost.append(True))
+    assert not lost
+    assert stop.waits[:5] == [5.0, 5.0, 1.0, 1.0, 5.0]

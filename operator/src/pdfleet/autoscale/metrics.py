@@ -2,8 +2,11 @@
 
 Where it fits: the operator's autoscale timer calls `PrometheusSource.window(...)` and passes
 the `MetricsWindow` to `policy.decide`. Queries come from `promql.py` (pure); turning answers
-into numbers is `parse_scalar`/`to_role_metrics` (pure). A failed or empty query becomes NaN
-or a missing role, which the policy treats as "hold" (`MetricsAvailable=False`).
+into numbers is `parse_sample`/`to_role_metrics` (pure). What the policy then holds on
+(`MetricsAvailable=False`): a failed query or an empty answer (no series) makes the role
+missing (`MetricsMissing`); a series whose value is NaN, infinite or negative is NaN
+(`MetricsNaN`); and the window is as old as the oldest answer's evaluation time
+(`MetricsStale` past `PolicyConfig.metrics_max_age_s`).
 """
 
 from __future__ import annotations
@@ -20,38 +23,64 @@ class _Client(Protocol):
     def custom_query(self, query: str) -> list[dict[str, Any]]: ...
 
 
-def parse_scalar(result: object) -> float:
-    """The value of a one-sample instant-vector answer; NaN when empty or unparsable.
+Sample = tuple[float, float]
+"""(value, evaluation time in Unix seconds) of a one-sample answer."""
+
+
+def parse_sample(result: object) -> Sample | None:
+    """The sample of a one-sample instant-vector answer; None when there is none ("no data").
 
     A `sum(...)` over no series answers an empty vector: that is "no data", not zero. Every
     signal read here (rates, latencies, queue lengths, cache usage) is finite and never
-    negative, so a value that is not is a broken source, also NaN: the policy holds on it.
+    negative, so a value that is not is a broken source: NaN, on which the policy holds. The
+    time is NaN when unreadable.
     """
     if not isinstance(result, list) or len(result) != 1:
-        return math.nan
-    try:
-        value = float(result[0]["value"][1])
-    except (KeyError, IndexError, TypeError, ValueError):
-        return math.nan
-    return value if math.isfinite(value) and value >= 0 else math.nan
-
-
-def to_role_metrics(values: Mapping[str, float]) -> RoleMetrics | None:
-    """RoleMetrics from query results; None when the role has no rate data at all."""
-    if all(
-        math.isnan(values.get(k, math.nan))
-        for k in ("request_rate", "prompt_tokens_rate", "generation_tokens_rate")
-    ):
         return None
+    try:
+        pair = result[0]["value"]
+        raw = pair[1]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return _finite_or_nan(raw, positive=True), _finite_or_nan(pair[0], positive=False)
+
+
+def _finite_or_nan(raw: object, positive: bool) -> float:
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan
+    return value if math.isfinite(value) and (value >= 0 or not positive) else math.nan
+
+
+def parse_scalar(result: object) -> float:
+    """The value of a one-sample instant-vector answer; NaN when empty or unusable."""
+    sample = parse_sample(result)
+    return math.nan if sample is None else sample[0]
+
+
+RATES = ("request_rate", "prompt_tokens_rate", "generation_tokens_rate")
+
+
+def to_role_metrics(values: Mapping[str, float | None]) -> RoleMetrics | None:
+    """RoleMetrics from query results (None: the query answered no sample); None when no rate
+    query answered one (the role has no series). Rates that answered NaN stay NaN."""
+    if all(values.get(k) is None for k in RATES):
+        return None
+
+    def get(key: str) -> float:
+        value = values.get(key)
+        return math.nan if value is None else value
+
     return RoleMetrics(
-        ttft_s=values.get("ttft_s", math.nan),
-        itl_s=values.get("itl_s", math.nan),
-        request_rate=values.get("request_rate", math.nan),
-        prompt_tokens_rate=values.get("prompt_tokens_rate", math.nan),
-        generation_tokens_rate=values.get("generation_tokens_rate", math.nan),
-        num_requests_waiting=values.get("num_requests_waiting", math.nan),
-        kv_cache_usage=values.get("kv_cache_usage", math.nan),
-        prompt_tokens_rate_peak=values.get("prompt_tokens_rate_peak", math.nan),
+        ttft_s=get("ttft_s"),
+        itl_s=get("itl_s"),
+        request_rate=get("request_rate"),
+        prompt_tokens_rate=get("prompt_tokens_rate"),
+        generation_tokens_rate=get("generation_tokens_rate"),
+        num_requests_waiting=get("num_requests_waiting"),
+        kv_cache_usage=get("kv_cache_usage"),
+        prompt_tokens_rate_peak=get("prompt_tokens_rate_peak"),
     )
 
 
@@ -76,23 +105,34 @@ class PrometheusSource:
             )
         self._client = client
 
-    def _query(self, query: str, failed: list[Exception]) -> float:
+    def _query(self, query: str, failed: list[Exception]) -> Sample | None:
         if failed:  # one failure ends this window's reads: the rest would fail the same way
-            return math.nan
+            return None
         try:
-            return parse_scalar(self._client.custom_query(query))
-        except Exception as error:  # network or server error: the policy holds on NaN
+            return parse_sample(self._client.custom_query(query))
+        except Exception as error:  # network or server error: the policy holds (missing)
             failed.append(error)
-            return math.nan
+            return None
 
     def window(
         self, namespace: str, service: str, now_s: float, percentile: float, window_s: float
     ) -> MetricsWindow:
+        """Both roles' signals. The window is dated by its oldest answer's evaluation time
+        (now_s when nothing answered): an answer computed long ago, by a Prometheus whose
+        clock stopped or a cache in front of it, makes the window stale."""
         roles = {}
         failed: list[Exception] = []
+        times = []
         for role in ("prefill", "decode"):
             queries = role_queries(Target(namespace, service, role), percentile, window_s)
-            roles[role] = to_role_metrics({k: self._query(q, failed) for k, q in queries.items()})
+            samples = {k: self._query(q, failed) for k, q in queries.items()}
+            times += [s[1] for s in samples.values() if s is not None and math.isfinite(s[1])]
+            roles[role] = to_role_metrics(
+                {k: None if s is None else s[0] for k, s in samples.items()}
+            )
         return MetricsWindow(
-            at_s=now_s, window_s=window_s, prefill=roles["prefill"], decode=roles["decode"]
+            at_s=min(times, default=now_s),
+            window_s=window_s,
+            prefill=roles["prefill"],
+            decode=roles["decode"],
         )

@@ -17,7 +17,8 @@ The states of a pod whose ordinal is being removed (StatefulSets remove the high
 MARKED is the pod annotation `pdfleet.dev/draining` (its value is the start time, so the
 timeout survives an operator restart); DEREGISTERED is observed, not stored: no router replica
 lists the worker any more. A pool's StatefulSet is lowered only past pods that are DONE, so a
-pod leaves only when it holds no request.
+pod leaves only when it holds no request; and a marked pod is deregistered only while every
+pod that stays is Ready, so the pool never serves with less than it is scaled down to.
 """
 
 from __future__ import annotations
@@ -129,9 +130,17 @@ def _elapsed_s(pod: PodInfo, now: datetime) -> float:
 
 
 def _victim(
-    pod: PodInfo, load: WorkerLoad | None, url: str | None, now: datetime, timeout_s: float
+    pod: PodInfo,
+    load: WorkerLoad | None,
+    url: str | None,
+    now: datetime,
+    timeout_s: float,
+    stayers_serving: bool = True,
 ) -> tuple[Stage, list[Action]]:
-    """One pod being removed: the next step of mark -> deregister -> wait -> done."""
+    """One pod being removed: the next step of mark -> deregister -> wait -> done. A marked
+    pod is deregistered only once every pod that stays serves (`stayers_serving`): until then
+    it keeps serving, or the pool would have less than what it is scaled down to (a pod that
+    stays may be NotReady for a while, and router discovery drops NotReady pods)."""
     if pod.terminating or pod.pod_ip is None:
         # Already leaving through its preStop, or never got an address: nothing to drain.
         return Stage.DONE, []
@@ -146,10 +155,15 @@ def _victim(
         done = Action(Kind.FINISHED, pod.name, url, pod.draining_since, elapsed, True, why)
         return Stage.DONE, [*deregister, done]
     if registered is not False:
-        return Stage.MARKED, deregister
+        return Stage.MARKED, deregister if stayers_serving else []
     if load is not None and load.idle(pod.role):
         return Stage.DONE, [Action(Kind.FINISHED, pod.name, url, pod.draining_since, elapsed)]
     return Stage.DEREGISTERED, []
+
+
+def serves(pod: PodInfo) -> bool:
+    """Ready, and neither leaving nor draining: router discovery lists it."""
+    return pod.ready and not pod.terminating and not pod.draining_since
 
 
 def _returning(
@@ -189,11 +203,13 @@ def plan_drain(
     actions: list[Action] = []
     stages: dict[str, Stage] = {}
     pending_top = -1  # highest ordinal not yet DONE: the StatefulSet must keep it
+    stayers = [by_ordinal.get(ordinal) for ordinal in range(min(desired, current))]
+    serving = all(p is not None and serves(p) for p in stayers)
     for ordinal in range(desired, current):
         pod = by_ordinal.get(ordinal)
         if pod is None:
             continue
-        stage, steps = _victim(pod, loads.get(pod.name), url(pod), now, timeout_s)
+        stage, steps = _victim(pod, loads.get(pod.name), url(pod), now, timeout_s, serving)
         stages[pod.name] = stage
         actions += steps
         if stage is not Stage.DONE:

@@ -84,11 +84,16 @@ class LeaderElector:
         lease_duration_s: int = 15,
         renew_every_s: float = 5.0,
         clock: Callable[[], datetime] = _now,
+        retry_every_s: float = 1.0,
     ):
         self.coordination = client.CoordinationV1Api(api)
         self.namespace, self.name, self.identity = namespace, name, identity
         self.duration_s = lease_duration_s
         self.renew_every_s = renew_every_s
+        # After a failed renewal, try again this soon, so that a few refused or throttled
+        # writes (409 on a stale read, 429 with Retry-After: 1) do not use up the renew
+        # deadline: six attempts fit in it, where client-go, renewing every 2 s, makes five.
+        self.retry_every_s = min(retry_every_s, renew_every_s)
         self.clock = clock
 
     def _read(self) -> tuple[Any, LeaseState] | None:
@@ -165,10 +170,11 @@ class LeaderElector:
 
     def keep_renewing(self, stop: threading.Event, on_lost: Callable[[], None]) -> None:
         """Renew until `stop`; call `on_lost` once another replica holds the lease or renewal
-        has failed until the renew deadline. A conflict (409) or an unreachable API server is
-        retried: it says nothing about who holds the lease."""
+        has failed until the renew deadline. A conflict (409), throttling (429) or an unreachable
+        API server is retried after `retry_every_s`: it says nothing about who holds the lease."""
         last_ok = self.clock()
-        while not stop.wait(self.renew_every_s):
+        wait_s = self.renew_every_s
+        while not stop.wait(wait_s):
             renewed = held_by_other = False
             try:
                 renewed = self.try_acquire_or_renew()
@@ -177,6 +183,7 @@ class LeaderElector:
                 log.warning("lease renewal failed: %s", _reason(error))
             if renewed:
                 last_ok = self.clock()
+            wait_s = self.renew_every_s if renewed else self.retry_every_s
             since_ok = (self.clock() - last_ok).total_seconds()
             verdict = renewal_verdict(renewed, held_by_other, since_ok, self.renew_deadline_s)
             if verdict == "lost":
