@@ -10,9 +10,10 @@ STAMP := $(VENV)/.installed
 NETNS := e2e/netns.sh
 INTEGRATION_TESTS := tests/integration tests/router tests/prometheus tests/preflight
 E2E_TESTS := tests/e2e_bridge
-# Long scenario proofs on the local cluster (drain cycles, autoscaling under a load shift):
-# part of `make test`; their latency bounds assume the machine is not shared with other runs.
-SCENARIO_TESTS := tests/e2e_drain tests/e2e_autoscale
+# Long scenario proofs on the local cluster (drain cycles, autoscaling under a load shift, the
+# short fault suite): part of `make test`; their latency bounds assume the machine is not
+# shared with other runs.
+SCENARIO_TESTS := tests/e2e_drain tests/e2e_autoscale tests/e2e_faults
 DEMO_ARGS ?=
 NIXL_PIN := nixl-cu12==1.5.1
 BENCH_SCALE_ARGS ?=
@@ -59,7 +60,7 @@ test-integration: $(STAMP) toolchain ## Real kube-apiserver, vllm-router and Pro
 test-e2e: $(STAMP) toolchain ## The whole fleet: operator, process bridge, router, simulators.
 	$(NETNS) $(PYTEST) $(E2E_TESTS)
 
-test-scenarios: $(STAMP) toolchain ## Drain cycles and autoscaling under a load shift on the local cluster (~20 min).
+test-scenarios: $(STAMP) toolchain ## Drain cycles, autoscaling under a load shift and the short fault suite (~25 min).
 	$(NETNS) $(PYTEST) $(SCENARIO_TESTS)
 
 test: verify test-integration test-e2e test-scenarios ## Everything CI runs.
