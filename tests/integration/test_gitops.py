@@ -9,6 +9,7 @@ Applying the same manifest twice writing nothing is tested in test_reconciler.py
 from __future__ import annotations
 
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,8 @@ from kubernetes import client
 
 from e2e.cluster import Cluster
 from e2e.operator_process import OperatorProcess
+from pdfleet.controller import RECENT_WRITE_S
+from pdfleet.preflight.plan import KV_TRANSPORT_READY
 from tests.integration.kube_helpers import get_isvc, wait_for, wait_ready
 from tests.spec_cases import merge_patch, sample
 from tests.unit.chart.test_argocd_health import run_health_check
@@ -88,6 +91,11 @@ def scale_decode_through_status(api_client: Any, namespace: str, desired: int) -
     )  # fmt: skip
 
 
+def has_condition(api_client: Any, namespace: str, kind: str) -> bool:
+    conditions = (get_isvc(api_client, namespace, NAME).get("status") or {}).get("conditions")
+    return any(c.get("type") == kind for c in conditions or ())
+
+
 def decode_replicas(api_client: Any, namespace: str) -> int:
     sts = client.AppsV1Api(api_client).read_namespaced_stateful_set(f"{NAME}-decode", namespace)
     return int(sts.spec.replicas or 0)
@@ -102,6 +110,12 @@ def test_operator_actions_leave_no_drift_in_a_server_side_diff(
     wait_ready(api_client, namespace, NAME)
     assert decode_replicas(api_client, namespace) == 1
 
+    # The status patch below stands in for the operator's own autoscaler, so it must not race
+    # the operator's last writes: once Ready, the KV preflight (no listener on kwok's pods)
+    # records its outcome, and for RECENT_WRITE_S after a status write the operator trusts its
+    # own copy over the watch (which may lag behind it), so a patch landing then is overwritten.
+    wait_for(lambda: has_condition(api_client, namespace, KV_TRANSPORT_READY), 60, "preflight")
+    time.sleep(RECENT_WRITE_S + 1)
     scale_decode_through_status(api_client, namespace, 2)
     wait_for(lambda: decode_replicas(api_client, namespace) == 2, 60, "decode scaled to 2")
 
