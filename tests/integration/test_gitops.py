@@ -23,7 +23,7 @@ from e2e.cluster import Cluster
 from e2e.operator_process import OperatorProcess
 from pdfleet.controller import RECENT_WRITE_S
 from pdfleet.preflight.plan import KV_TRANSPORT_READY
-from tests.integration.kube_helpers import get_isvc, wait_for, wait_ready
+from tests.integration.kube_helpers import condition, get_isvc, wait_for, wait_ready
 from tests.spec_cases import merge_patch, sample
 from tests.unit.chart.test_argocd_health import run_health_check
 
@@ -91,11 +91,6 @@ def scale_decode_through_status(api_client: Any, namespace: str, desired: int) -
     )  # fmt: skip
 
 
-def has_condition(api_client: Any, namespace: str, kind: str) -> bool:
-    conditions = (get_isvc(api_client, namespace, NAME).get("status") or {}).get("conditions")
-    return any(c.get("type") == kind for c in conditions or ())
-
-
 def decode_replicas(api_client: Any, namespace: str) -> int:
     sts = client.AppsV1Api(api_client).read_namespaced_stateful_set(f"{NAME}-decode", namespace)
     return int(sts.spec.replicas or 0)
@@ -114,7 +109,11 @@ def test_operator_actions_leave_no_drift_in_a_server_side_diff(
     # the operator's last writes: once Ready, the KV preflight (no listener on kwok's pods)
     # records its outcome, and for RECENT_WRITE_S after a status write the operator trusts its
     # own copy over the watch (which may lag behind it), so a patch landing then is overwritten.
-    wait_for(lambda: has_condition(api_client, namespace, KV_TRANSPORT_READY), 60, "preflight")
+    wait_for(
+        lambda: condition(get_isvc(api_client, namespace, NAME), KV_TRANSPORT_READY),
+        60,
+        "the preflight's outcome",
+    )
     time.sleep(RECENT_WRITE_S + 1)
     scale_decode_through_status(api_client, namespace, 2)
     wait_for(lambda: decode_replicas(api_client, namespace) == 2, 60, "decode scaled to 2")
