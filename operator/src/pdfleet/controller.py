@@ -32,6 +32,7 @@ from pdfleet.drain.io import RouterFleet, read_loads, router_replicas
 from pdfleet.drain.plan import (
     Action,
     Kind,
+    Stage,
     needs_io,
     plan_drain,
     without_reported,
@@ -477,8 +478,14 @@ class Controller:
                 applied[role] = drain.replicas
                 if drain.actions or drain.active:
                     requeue = DRAIN_POLL_S
+                    waiting = {
+                        pod: loads[pod].holding(role)
+                        for pod, stage in drain.stages.items()
+                        if stage is Stage.DEREGISTERED and pod in loads
+                    }
                     log.info(
-                        "%s/%s %s drain: replicas %s, stages %s, deregistered %s, failed %s",
+                        "%s/%s %s drain: replicas %s, stages %s, deregistered %s, failed %s, "
+                        "waiting on %s",
                         isvc.metadata.namespace,
                         isvc.metadata.name,
                         role,
@@ -486,6 +493,7 @@ class Controller:
                         {k: v.value for k, v in drain.stages.items()},
                         list(outcome.deregistered),
                         list(outcome.failed),
+                        waiting,
                     )
         finally:
             fleet.close()

@@ -183,7 +183,36 @@ def test_forced_drain_says_why() -> None:
         P, 0, 1, [pod(P, 0, draining=400)], {"svc-prefill-0": KV_HELD}, NOW, TIMEOUT, PORT
     )
     (done,) = plan.actions
-    assert done.forced and done.duration_s == pytest.approx(400.0) and done.reason == "timeout"
+    assert done.forced and done.duration_s == pytest.approx(400.0)
+    assert done.reason == "timeout (KV awaiting a pull 3)"
+
+
+@pytest.mark.parametrize(
+    ("role", "load", "reason"),
+    [
+        (D, BUSY_ROUTER, "timeout (router in-flight 2)"),
+        (
+            D,
+            replace(BUSY_ENGINE, router_in_flight=None),
+            "timeout (router in-flight unknown, engine in-flight 1)",
+        ),
+        (D, LISTED, "timeout (still registered)"),
+        (D, None, "timeout (no reading)"),
+    ],
+)
+def test_forced_drain_names_the_signal_that_held_it(
+    role: str, load: WorkerLoad | None, reason: str
+) -> None:
+    loads = {} if load is None else {f"svc-{role}-1": load}
+    pods = [pod(role, 0), pod(role, 1, draining=TIMEOUT + 1)]
+    done = plan_drain(role, 1, 2, pods, loads, NOW, TIMEOUT, PORT).actions[-1]
+    assert done.kind is Kind.FINISHED and done.forced and done.reason == reason
+
+
+def test_a_worker_idle_at_the_timeout_drained() -> None:
+    pods = [pod(D, 0), pod(D, 1, draining=TIMEOUT + 1)]
+    (done,) = plan_drain(D, 1, 2, pods, {"svc-decode-1": KV_HELD}, NOW, TIMEOUT, PORT).actions
+    assert done.kind is Kind.FINISHED and not done.forced  # a decode holds no KV for anyone
 
 
 def test_full_cycle_mark_deregister_wait_remove() -> None:

@@ -47,11 +47,26 @@ class WorkerLoad:
     kv_pending: float | None = 0.0
     """Prefill only: finished prefills whose KV blocks a decode has not pulled yet."""
 
-    def idle(self, role: str) -> bool:
-        values = [self.router_in_flight, self.engine_in_flight]
+    def _signals(self, role: str) -> dict[str, float | None]:
+        signals = {
+            "router in-flight": self.router_in_flight,
+            "engine in-flight": self.engine_in_flight,
+        }
         if role == labels.ROLE_PREFILL:
-            values.append(self.kv_pending)
-        return all(value is not None and value <= 0 for value in values)
+            signals["KV awaiting a pull"] = self.kv_pending
+        return signals
+
+    def idle(self, role: str) -> bool:
+        return all(value is not None and value <= 0 for value in self._signals(role).values())
+
+    def holding(self, role: str) -> str:
+        """What keeps the worker from idle, e.g. "router in-flight 1, engine in-flight
+        unknown" (empty when idle): the forced-drain Event and the drain log say it."""
+        return ", ".join(
+            f"{name} {'unknown' if value is None else f'{value:g}'}"
+            for name, value in self._signals(role).items()
+            if value is None or value > 0
+        )
 
 
 class Stage(StrEnum):
@@ -150,14 +165,20 @@ def _victim(
     registered = load.registered if load is not None else None
     # Unknown counts as registered: a DELETE of an absent URL is harmless, a skipped one is not.
     deregister = [Action(Kind.DEREGISTER, pod.name, url)] if registered is not False else []
+    if registered is False and load is not None and load.idle(pod.role):
+        # Checked before the timeout: a worker that went idle by then drained, not forced.
+        return Stage.DONE, [Action(Kind.FINISHED, pod.name, url, pod.draining_since, elapsed)]
     if elapsed >= timeout_s:
-        why = "timeout" if load is None or registered is False else "timeout (still registered)"
+        if load is None:
+            why = "timeout (no reading)"
+        elif registered is not False:
+            why = "timeout (still registered)"
+        else:
+            why = f"timeout ({load.holding(pod.role)})"
         done = Action(Kind.FINISHED, pod.name, url, pod.draining_since, elapsed, True, why)
         return Stage.DONE, [*deregister, done]
     if registered is not False:
         return Stage.MARKED, deregister if stayers_serving else []
-    if load is not None and load.idle(pod.role):
-        return Stage.DONE, [Action(Kind.FINISHED, pod.name, url, pod.draining_since, elapsed)]
     return Stage.DEREGISTERED, []
 
 
