@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from pdfleet.handlers import RESYNC, URGENT, WorkQueue, retry_after
+from pdfleet.handlers import RESYNC, URGENT, WorkQueue, _resync, retry_after
 
 Key = tuple[str, str]
 
@@ -81,3 +81,23 @@ def _api_error(status: int, headers: dict[str, str] | None = None) -> ApiExcepti
 )
 def test_retry_after(error: BaseException, want: tuple[float, bool]) -> None:
     assert retry_after(error) == want
+
+
+async def test_the_resync_waits_until_kopf_has_filled_the_indexes() -> None:
+    """A restart lists thousands of children; a sweep before that ends would see some as
+    missing (docs/benchmarks/scale). The first watch handler call says the indexes are whole."""
+    queue = WorkQueue(run=lambda _: None)
+    indexed = asyncio.Event()
+    indices: dict[str, dict[Key, object]] = {"isvc_index": {("ns", "svc"): {}}}
+    task = asyncio.create_task(_resync(queue, indices, 0.01, indexed))
+    try:
+        await asyncio.sleep(0.1)  # ten intervals
+        assert _drain(queue) == []
+        indexed.set()
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if not queue._queue.empty():
+                break
+        assert _drain(queue) == [("ns", "svc")]
+    finally:
+        task.cancel()

@@ -153,6 +153,12 @@ def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: 
         return controller.reconcile(bodies[0], observed_for(key, indices))
 
     queue = WorkQueue(run=reconcile_key)
+    # kopf calls on.event handlers only once every index has taken in its kind's initial
+    # listing; the first call therefore tells the resync that the indexes are whole. Without
+    # it, a resync due while a restart still lists thousands of children (minutes at 1,000
+    # services) ran passes that saw a service's Services as missing, re-applied them, and
+    # recorded Created Events and status writes for unchanged services.
+    indexed = asyncio.Event()
 
     def owner_key(namespace: str | None, meta_labels: Mapping[str, str]) -> Key:
         return str(namespace), str(meta_labels[labels.SERVICE])
@@ -184,7 +190,7 @@ def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: 
         )
         kopf.on.event(
             group, version, plural, labels=OWNED, id=f"{kind.lower()}_event", registry=registry
-        )(_trigger_owner(queue, owner_key))
+        )(_trigger_owner(queue, owner_key, indexed))
 
     @kopf.index(
         "", "v1", "pods", labels={labels.SERVICE: kopf.PRESENT}, id="pods_index", registry=registry
@@ -196,10 +202,11 @@ def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: 
 
     kopf.on.event(
         "", "v1", "pods", labels={labels.SERVICE: kopf.PRESENT}, id="pod_event", registry=registry
-    )(_trigger_owner(queue, owner_key))
+    )(_trigger_owner(queue, owner_key, indexed))
 
     @kopf.on.event(labels.GROUP, labels.VERSION, labels.PLURAL, registry=registry)
     async def isvc_event(namespace: str | None, name: str, **_: Any) -> None:
+        indexed.set()
         queue.put((str(namespace), name))
 
     @kopf.on.login(registry=registry)
@@ -213,7 +220,7 @@ def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: 
     async def start(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
         state["indices"] = {key: value for key, value in kwargs.items() if key.endswith("_index")}
         queue.start()
-        state["resync"] = asyncio.create_task(_resync(queue, state["indices"], resync_s))
+        state["resync"] = asyncio.create_task(_resync(queue, state["indices"], resync_s, indexed))
 
     @kopf.on.cleanup(registry=registry)
     async def stop(**_: Any) -> None:
@@ -222,16 +229,24 @@ def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: 
 
 
 def _trigger_owner(
-    queue: WorkQueue, owner_key: Callable[[str | None, Mapping[str, str]], Key]
+    queue: WorkQueue,
+    owner_key: Callable[[str | None, Mapping[str, str]], Key],
+    indexed: asyncio.Event,
 ) -> Callable[..., Awaitable[None]]:
     async def trigger(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+        indexed.set()
         queue.put(owner_key(namespace, labels))
 
     return trigger
 
 
-async def _resync(queue: WorkQueue, indices: Mapping[str, Any], interval_s: float) -> None:
-    """Reconcile every service periodically: level-based safety net for missed events."""
+async def _resync(
+    queue: WorkQueue, indices: Mapping[str, Any], interval_s: float, indexed: asyncio.Event
+) -> None:
+    """Reconcile every service periodically: level-based safety net for missed events. The
+    first sweep waits until kopf has filled every index (`indexed`): a pass on a partial
+    index would take a listed-later child for a missing one."""
+    await indexed.wait()
     while True:
         await asyncio.sleep(interval_s)
         for key in list(indices["isvc_index"].keys()):
