@@ -656,10 +656,29 @@ def _cel_initial(role: str) -> str:
     return f"(has({r}.initial) ? {r}.initial : {r}.min) * {gpus}"
 
 
+def _replica_fits_budget(role: str) -> Rule:
+    """One replica of `role` (tensor x data GPUs) fits the GPU budget: the autoscaler could
+    otherwise never add one, whatever the other pool gives up."""
+    return Rule(
+        cel="!has(self.autoscaling) || !has(self.autoscaling.gpuBudget) || "
+        f"self.{role}.parallelism.tensor * self.{role}.parallelism.data "
+        "<= self.autoscaling.gpuBudget",
+        message=f"one {role} replica (parallelism.tensor x parallelism.data GPUs) needs more "
+        "GPUs than autoscaling.gpuBudget",
+        field=".autoscaling.gpuBudget",
+        check=lambda s: (
+            s.autoscaling.gpu_budget is None
+            or s.role(role).gpus_per_replica <= s.autoscaling.gpu_budget
+        ),
+    )
+
+
 class InferenceServiceSpec(ApiModel):
     """A prefill/decode disaggregated vLLM fleet behind one router."""
 
     __rules__ = (
+        _replica_fits_budget("prefill"),
+        _replica_fits_budget("decode"),
         Rule(
             cel="!has(self.autoscaling) || !has(self.autoscaling.enabled) || "
             "!self.autoscaling.enabled || has(self.slo)",
