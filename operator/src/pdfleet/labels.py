@@ -34,7 +34,5 @@ WORKER_ROLES = (ROLE_PREFILL, ROLE_DECODE)
 DRAINING = f"{GROUP}/draining"
 # Multus secondary networks for the RDMA fabric.
 MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"
-# A checksum of the worker configuration, so a config change rolls the pods.
-CONFIG_HASH = f"{GROUP}/config-hash"
 # Change its value on an InferenceService to run the KV transport preflight again.
 PREFLIGHT_RERUN = f"{GROUP}/kv-preflight"
