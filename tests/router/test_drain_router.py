@@ -30,7 +30,7 @@ from e2e.closed_loop import Load, Shape
 from pdfleet import labels
 from pdfleet.drain.executor import execute
 from pdfleet.drain.io import RouterFleet, RouterReplica, read_loads
-from pdfleet.drain.plan import needs_io, plan_drain, without_reported
+from pdfleet.drain.plan import needs_io, plan_drain
 from pdfleet.reconcile.observed import PodInfo
 from pdfleet_worker.sim.procs import Proc, SimProc, free_port, start_sim, stopping, wait_http
 
@@ -160,9 +160,8 @@ def drain(fleet: Fleet, pods: SimPods, desired: int, timeout_s: float = 60.0) ->
                 loads = read_loads(router_fleet, marked)
             plan = plan_drain(
                 pods.role, desired, current, pods.pods, loads, datetime.now(UTC), timeout_s,
-                port=0, url_of=lambda p: pods.urls[p.name],
+                port=0, url_of=lambda p: pods.urls[p.name], finished=pods.reported,
             )  # fmt: skip
-            plan = without_reported(plan, pods.reported)  # as the controller does
             outcome = execute(plan, pods.role, "test", {}, pods, router_fleet)
             pods.reported |= {(a.pod, a.since or "") for a in outcome.finished}
             assert not outcome.failed, outcome

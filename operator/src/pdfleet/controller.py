@@ -35,7 +35,6 @@ from pdfleet.drain.plan import (
     Stage,
     needs_io,
     plan_drain,
-    without_reported,
     worker_url,
 )
 from pdfleet.kube.api import KubeWriter
@@ -67,6 +66,10 @@ log = logging.getLogger(__name__)
 # How long a child we wrote stands in for the watch index's copy (which lags by a moment);
 # long enough for any watch event, short enough that a child deleted meanwhile comes back.
 RECENT_WRITE_S = 10.0
+# How long a written workload is remembered: its generation tells a lagging index from a
+# newer object (reconcile/observed.index_lags), so it can stand in for as long as the lag.
+WRITTEN_KEEP_S = 300.0
+INDEX_LAG_WARN_S = 5.0
 # How soon a pass looks again at a preflight run it left in flight.
 PREFLIGHT_POLL_S = 1.0
 # API answers that refuse a child until someone changes the spec (400, 422: malformed or
@@ -91,6 +94,13 @@ class PassResult:
     status_written: bool
     requeue_after_s: float | None = None
     """Run another pass this soon (a drain is waiting on in-flight requests)."""
+
+
+def _described(manifest: Mapping[str, Any]) -> str:
+    """ "StatefulSet svc-decode (replicas 3)" for the log: what a pass wrote, and to what size."""
+    described = f"{manifest['kind']} {manifest['metadata']['name']}"
+    replicas = (manifest.get("spec") or {}).get("replicas")
+    return described if replicas is None else f"{described} (replicas {replicas})"
 
 
 def _condition_status(status: Mapping[str, Any] | None, kind: str) -> str | None:
@@ -177,15 +187,32 @@ class Controller:
         )
 
     def _remember(self, key: tuple[str, str], ref: ChildRef) -> None:
-        expires = time.monotonic() + RECENT_WRITE_S
-        self._written.setdefault(key, {})[(ref.kind, ref.name)] = (ref, expires)
+        self._written.setdefault(key, {})[(ref.kind, ref.name)] = (ref, time.monotonic())
 
-    def _recent_writes(self, key: tuple[str, str]) -> dict[tuple[str, str], ChildRef]:
-        """Children this operator wrote in the last RECENT_WRITE_S (see observed.overlay)."""
+    def _recent_writes(self, key: tuple[str, str]) -> dict[tuple[str, str], tuple[ChildRef, float]]:
+        """Children this operator wrote, with their age (see observed.overlay)."""
         now = time.monotonic()
-        live = {k: v for k, v in self._written.get(key, {}).items() if v[1] > now}
+        live = {k: v for k, v in self._written.get(key, {}).items() if now - v[1] < WRITTEN_KEEP_S}
         self._written[key] = live
-        return {k: ref for k, (ref, _) in live.items()}
+        return {k: (ref, now - at) for k, (ref, at) in live.items()}
+
+    def _report_index_lag(
+        self,
+        namespace: str,
+        name: str,
+        observed: Observed,
+        written: Mapping[tuple[str, str], tuple[ChildRef, float]],
+    ) -> None:
+        """Log a workload whose watch index still shows a generation older than our write
+        after INDEX_LAG_WARN_S: the overlay covers it, and the log says the watch is slow."""
+        for (kind, child), (ref, age_s) in written.items():
+            seen = observed.child(kind, child)
+            if seen is not None and age_s > INDEX_LAG_WARN_S and seen.generation < ref.generation:
+                log.info(
+                    "%s/%s: the watch index shows %s %s at generation %d, %.1fs after this "
+                    "operator wrote generation %d",
+                    namespace, name, kind, child, seen.generation, age_s, ref.generation,
+                )  # fmt: skip
 
     def _remember_marks(self, key: tuple[str, str], actions: Sequence[Action]) -> None:
         """Drain marks this operator just wrote on pods (the pod index shows them late; a
@@ -262,13 +289,17 @@ class Controller:
             new = invalid_status(previous, meta.get("generation"), message, now)
             return self._write_status(body, previous, new, "InvalidSpec", message)
 
+        # What this pass plans from: the indexes, with our own writes laid over a lagging index
+        # (the autoscaler and the drain read the pools' sizes from it).
+        ours = self._recent_writes((namespace, name))
+        self._report_index_lag(namespace, name, observed, ours)
+        observed = overlay(observed, ours, RECENT_WRITE_S)
         original = previous
         autoscale_after: float | None = None
         if isvc.spec.autoscaling.enabled and self.autoscaler is not None:
             previous = self._autoscale(body, isvc, observed, previous, now)
             autoscale_after = parse_duration(isvc.spec.autoscaling.interval)
         applied, requeue = self._drain(body, isvc, observed, desired_replicas(isvc, previous))
-        observed = overlay(observed, self._recent_writes((namespace, name)))
         replicas, child_plan = plan(isvc, observed, previous, self.config, applied)
         for key in child_plan.delete:
             self.writer.delete(key[0], key[1], namespace)
@@ -295,10 +326,10 @@ class Controller:
         metrics.CHILD_WRITES.inc(writes)
         if writes:
             log.info(
-                "%s/%s: applied %d, deleted %d",
+                "%s/%s: applied %s, deleted %d",
                 namespace,
                 name,
-                len(child_plan.apply),
+                [_described(m) for m in child_plan.apply],
                 len(child_plan.delete),
             )
             self._record_changes(body, previous, applied, child_plan.apply, observed)
@@ -460,16 +491,21 @@ class Controller:
             if time.monotonic() - at < REPORTED_KEEP_S
         }
         try:
+            # One reading for both pools: the routers are asked once per pass, and the
+            # workers all at once (drain/io.read_loads), so a pass stays short under load.
+            marked = {
+                p.name: (url, role)
+                for role in active
+                for p in observed.pods_of(role)
+                if p.draining_since and not p.terminating and (url := worker_url(p, port))
+            }
+            loads = read_loads(fleet, marked)
             for role, current in active.items():
                 pods = observed.pods_of(role)
-                marked = {
-                    p.name: (url, role)
-                    for p in pods
-                    if p.draining_since and not p.terminating and (url := worker_url(p, port))
-                }
-                loads = read_loads(fleet, marked)
-                drain = plan_drain(role, desired[role], current, pods, loads, now, timeout_s, port)
-                drain = without_reported(drain, reported.keys())
+                drain = plan_drain(
+                    role, desired[role], current, pods, loads, now, timeout_s, port,
+                    finished=reported.keys(),
+                )  # fmt: skip
                 outcome = execute_drain(drain, role, namespace, body, self.writer, fleet)
                 self._remember_marks(key, drain.actions)
                 reported.update(
@@ -484,11 +520,12 @@ class Controller:
                         if stage is Stage.DEREGISTERED and pod in loads
                     }
                     log.info(
-                        "%s/%s %s drain: replicas %s, stages %s, deregistered %s, failed %s, "
-                        "waiting on %s",
+                        "%s/%s %s drain: replicas %s -> %s, stages %s, deregistered %s, "
+                        "failed %s, waiting on %s",
                         isvc.metadata.namespace,
                         isvc.metadata.name,
                         role,
+                        current,
                         drain.replicas,
                         {k: v.value for k, v in drain.stages.items()},
                         list(outcome.deregistered),

@@ -251,13 +251,19 @@ def test_needs_io_only_while_draining(
     assert needs_io(desired, current, pods) is expected
 
 
-def test_a_finished_drain_is_reported_once() -> None:
-    from pdfleet.drain.plan import Action, DrainPlan, Kind, without_reported
-
-    done = Action(Kind.FINISHED, "svc-decode-1", since="t0")
-    again = Action(Kind.FINISHED, "svc-decode-1", since="t1")  # drained again later: new
-    plan = DrainPlan(
-        replicas=3, actions=[done, again, Action(Kind.MARK, "svc-decode-2", since="t0")]
-    )
-    kept = without_reported(plan, {("svc-decode-1", "t0")})
-    assert [(a.kind, a.since) for a in kept.actions] == [(Kind.FINISHED, "t1"), (Kind.MARK, "t0")]
+def test_a_finished_drain_stays_done_whatever_a_later_reading_says() -> None:
+    """Seen on the cluster: the pod index still showed the pool at 4 after it was lowered to
+    1, and a router read failed (the worker counted as registered again). Without the
+    memory of finished drains the pool grew back to 4 and drained the same pods twice."""
+    pods = [pod(D, 0), pod(D, 1, draining=5), pod(D, 2, draining=5), pod(D, 3, draining=5)]
+    since = pods[1].draining_since or ""
+    finished = {(f"svc-decode-{i}", since) for i in (1, 2, 3)}
+    loads = {f"svc-decode-{i}": UNKNOWN for i in (1, 2, 3)}
+    plan = plan_drain(D, 1, 4, pods, loads, NOW, TIMEOUT, PORT, finished=finished)
+    assert plan.replicas == 1 and plan.actions == [] and not plan.active
+    # The same reading without that memory holds the pool, which is what finished= prevents.
+    assert plan_drain(D, 1, 4, pods, loads, NOW, TIMEOUT, PORT).replicas == 4
+    # A later drain of the same pod (another start time) is a new drain.
+    again = [pod(D, 0), pod(D, 1, draining=1)]
+    step = plan_drain(D, 1, 2, again, {"svc-decode-1": IDLE}, NOW, TIMEOUT, PORT, finished=finished)
+    assert kinds(step.actions) == [("Finished", "svc-decode-1")]

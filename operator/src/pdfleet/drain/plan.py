@@ -24,7 +24,7 @@ pod that stays is Ready, so the pool never serves with less than it is scaled do
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence, Set
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
@@ -210,12 +210,17 @@ def plan_drain(
     timeout_s: float,
     port: int,
     url_of: Callable[[PodInfo], str | None] | None = None,
+    finished: Set[tuple[str, str]] = frozenset(),
 ) -> DrainPlan:
     """The next step of draining pool `role` from `current` down to `desired` replicas.
 
     `current` is the StatefulSet's spec.replicas (None before it exists), `loads` the readings
     keyed by pod name (empty when no drain was active before this pass), `port` the engine port
     (`url_of` replaces the pod-IP URL where workers are not pods, as in the router tests).
+    `finished` holds the drains already FINISHED, as (pod, drain start): such a pod stays DONE
+    whatever a later reading says. A pod index that lags, or a router that fails one read (its
+    worker counts as registered again), must never hold a drained pod, or the pool would grow
+    back to it and drain it a second time.
     """
     url = url_of or (lambda p: worker_url(p, port))
     if current is None:
@@ -229,6 +234,9 @@ def plan_drain(
     for ordinal in range(desired, current):
         pod = by_ordinal.get(ordinal)
         if pod is None:
+            continue
+        if (pod.name, pod.draining_since or "") in finished:
+            stages[pod.name] = Stage.DONE
             continue
         stage, steps = _victim(pod, loads.get(pod.name), url(pod), now, timeout_s, serving)
         stages[pod.name] = stage
@@ -249,15 +257,3 @@ def plan_drain(
         # Reclaimed pods serve again before any new pod is added.
         replicas = current
     return DrainPlan(replicas=replicas, actions=actions, stages=stages)
-
-
-def without_reported(plan: DrainPlan, reported: Set[tuple[str, str]]) -> DrainPlan:
-    """The plan without FINISHED actions already reported, keyed by (pod, drain start): a
-    drained pod stays FINISHED until the StatefulSet is lowered past it (a lower ordinal may
-    still be draining), and its Event and metric must be recorded once."""
-    fresh = [
-        a
-        for a in plan.actions
-        if a.kind is not Kind.FINISHED or (a.pod, a.since or "") not in reported
-    ]
-    return replace(plan, actions=fresh)

@@ -135,16 +135,32 @@ def observed_from(objects: Iterable[Mapping[str, Any]]) -> Observed:
     return Observed(children=children, pods=tuple(pods))
 
 
-def overlay(observed: Observed, written: Mapping[tuple[str, str], ChildRef]) -> Observed:
-    """The observed children with what this operator has just written laid over them.
+def index_lags(seen: ChildRef | None, written: ChildRef, age_s: float, fresh_s: float) -> bool:
+    """Whether the watch index still shows a child as it was before this operator wrote it
+    `age_s` ago. Workloads carry a generation the API server bumps on every spec change, so
+    an older one is stale however long the index takes (seen lagging by more than 10 s under
+    load), and an equal or newer one is the truth, ours or another writer's. Other kinds
+    (and a child missing from the index, which may have been deleted since) count as stale
+    only for `fresh_s` while they show another applied hash."""
+    if seen is not None and seen.generation and written.generation:
+        return seen.generation < written.generation
+    changed = seen is None or seen.applied_hash != written.applied_hash
+    return changed and age_s < fresh_s
 
-    The watch indexes see our own writes a moment later; without this, the next pass would
-    compare against the old object and write the same manifest again. A written ref only
-    stands in while the index still shows another applied hash (or no object at all)."""
+
+def overlay(
+    observed: Observed,
+    written: Mapping[tuple[str, str], tuple[ChildRef, float]],
+    fresh_s: float,
+) -> Observed:
+    """The observed children with what this operator has written laid over them where the
+    index has not caught up (`index_lags`); `written` maps a child to (ref, age in seconds).
+
+    Without this, the next pass would compare against the old object and write the same
+    manifest again, and a drain would read a pool's old size and hold it there."""
     children = dict(observed.children)
-    for key, ref in written.items():
-        seen = children.get(key)
-        if seen is None or seen.applied_hash != ref.applied_hash:
+    for key, (ref, age_s) in written.items():
+        if index_lags(children.get(key), ref, age_s, fresh_s):
             children[key] = ref
     return Observed(children=children, pods=observed.pods)
 
