@@ -119,6 +119,17 @@ def test_a_bad_engine_page_is_unknown(status: int, body: str) -> None:
     assert read_engine(client, WORKER, "decode") == (None, None)
 
 
+def test_an_odd_value_in_a_series_the_drain_does_not_read_is_not_its_business() -> None:
+    """A NaN ratio or a negative histogram sum elsewhere on a worker's page once held a drain
+    until its timeout: only the in-flight gauges decide."""
+    page = (
+        "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+        "vllm:gpu_prefix_cache_hit_rate NaN\nvllm:request_queue_time_seconds_sum -0.002\n"
+    )
+    client = httpx.Client(transport=httpx.MockTransport(_answer(200, page, "/metrics")))
+    assert read_engine(client, WORKER, "decode") == (0.0, 0.0)
+
+
 @pytest.mark.parametrize(
     "body", ['{"held_now": null}', '{"held_now": "3"}', '{"held_now": -1}', "[3]", "TRUNCATED",
              '{"held_now": true}', "<html>"],

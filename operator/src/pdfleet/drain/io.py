@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -33,14 +34,19 @@ PREFILL_GAUGE = "vllm_router_pd_prefill_occupancy"
 ENGINE_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 KV_USAGE = "vllm:kv_cache_usage_perc"
 TIMEOUT = httpx.Timeout(2.0, connect=1.0)
+# Requests of one drain reading in flight at once (routers and workers).
+READ_CONCURRENCY = 8
 
 
-def _samples(text: str) -> Iterable[tuple[str, Mapping[str, str], float]]:
-    """Every sample of a Prometheus page. ValueError when the page is not one, or when a
-    sample is NaN, infinite or negative: in-flight gauges are never that, and a page that says
-    so cannot be trusted to say "idle" either (its reader treats it as unanswered)."""
+def _samples(text: str, names: Container[str]) -> Iterable[tuple[str, Mapping[str, str], float]]:
+    """The samples of `names` on a Prometheus page. ValueError when the page is not one, or
+    when one of those samples is NaN, infinite or negative: in-flight gauges are never that,
+    and a reading that says so cannot be trusted to say "idle" either (its reader treats it
+    as unanswered). Other series on the page are not the drain's business."""
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
+            if sample.name not in names:
+                continue
             value = float(sample.value)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{sample.name}: {sample.value!r} is not a gauge reading")
@@ -75,7 +81,7 @@ def parse_router_gauges(text: str) -> dict[str, dict[str, float]]:
     decode: dict[str, float] = {}
     prefill_rank: dict[str, float] = {}
     prefill_aggregate: dict[str, float] = {}
-    for name, sample_labels, value in _samples(text):
+    for name, sample_labels, value in _samples(text, (*DECODE_GAUGES, PREFILL_GAUGE)):
         worker = sample_labels.get("worker")
         if worker is None:
             continue
@@ -95,7 +101,7 @@ def parse_router_gauges(text: str) -> dict[str, dict[str, float]]:
 def parse_engine(text: str) -> tuple[float, float]:
     """(running + waiting over every engine, highest KV cache usage) from a vLLM /metrics."""
     in_flight, kv_usage = 0.0, 0.0
-    for name, _, value in _samples(text):
+    for name, _, value in _samples(text, (*ENGINE_GAUGES, KV_USAGE)):
         if name in ENGINE_GAUGES:
             in_flight += value
         elif name == KV_USAGE:
@@ -196,7 +202,8 @@ def read_engine(client: httpx.Client, url: str, role: str) -> tuple[float | None
         in_flight, kv_usage = parse_engine(resp.text)
     except httpx.ConnectError:
         return 0.0, 0.0
-    except (httpx.HTTPError, ValueError):
+    except (httpx.HTTPError, ValueError) as error:
+        log.warning("%s/metrics: %r", url, error)
         return None, None
     if role != labels.ROLE_PREFILL:
         return in_flight, 0.0
@@ -212,14 +219,24 @@ def read_engine(client: httpx.Client, url: str, role: str) -> tuple[float | None
 
 
 def read_loads(fleet: RouterFleet, workers: Mapping[str, tuple[str, str]]) -> dict[str, WorkerLoad]:
-    """A WorkerLoad for each pod name -> (worker URL, role)."""
+    """A WorkerLoad for each pod name -> (worker URL, role).
+
+    The routers and every worker are read at once: one at a time, a pass over five draining
+    workers took seconds on a loaded node, and each of those seconds is added to every drain."""
     if not workers:
         return {}
-    listed, listed_complete = fleet.registered()
-    pages, gauges_complete = fleet.gauges()
+    with ThreadPoolExecutor(max_workers=READ_CONCURRENCY) as pool:
+        listing = pool.submit(fleet.registered)
+        gauges = pool.submit(fleet.gauges)
+        engines = {
+            name: pool.submit(read_engine, fleet.client, url, role)
+            for name, (url, role) in workers.items()
+        }
+        listed, listed_complete = listing.result()
+        pages, gauges_complete = gauges.result()
     loads: dict[str, WorkerLoad] = {}
     for name, (url, role) in workers.items():
-        engine, kv = read_engine(fleet.client, url, role)
+        engine, kv = engines[name].result()
         registered: bool | None = url in listed or (None if not listed_complete else False)
         loads[name] = WorkerLoad(
             registered=registered,
