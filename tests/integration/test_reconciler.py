@@ -6,6 +6,7 @@ fake GPU nodes, so pods get scheduled by the real scheduler and become Running/R
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -32,6 +33,23 @@ from tests.integration.kube_helpers import (
 from tests.spec_cases import SAMPLES_DIR, merge_patch, sample
 
 EXPECTED_CHILDREN = 12  # see render_children(): 1 SA, 2 x (Service, PDB, StatefulSet), router 5
+
+
+def _rendered(path: Path, namespace: str) -> set[tuple[str, str]]:
+    """(kind, name) of every child `pdfleet render` prints for the manifest at `path`."""
+    rendered = subprocess.run(
+        [sys.executable, "-m", "pdfleet.cli", "render", "-f", str(path), "-n", namespace],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(rendered)}
+
+
+def _live(api_client: Any, namespace: str, service: str) -> set[tuple[str, str]]:
+    return {
+        (o["kind"], o["metadata"]["name"]) for o in list_children(api_client, namespace, service)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +138,13 @@ def _production(api_client: Any, namespace: str) -> dict[str, Any]:
 def test_production_sample_places_pools_on_their_gpu_types(
     api_client: Any, namespace: str, operator: OperatorProcess
 ) -> None:
+    expected = _rendered(SAMPLES_DIR / "production.yaml", namespace)
     create_isvc(api_client, namespace, _production(api_client, namespace))
+    wait_for(
+        lambda: _live(api_client, namespace, "llama-70b") == expected,
+        5.0,
+        f"every child within 5 s: {sorted(expected)}",
+    )
     obj = wait_ready(api_client, namespace, "llama-70b", timeout=90)
     assert obj["status"]["prefill"]["ready"] == 2 and obj["status"]["decode"]["ready"] == 2
     nodes = {
@@ -157,6 +181,31 @@ def test_image_change_rolls_the_statefulsets_and_delete_removes_children(
         "pdfleet.dev", "v1alpha1", namespace, "inferenceservices", "llama-8b"
     )
     wait_for(lambda: not list_children(api_client, namespace, "llama-8b"), 60, "garbage collection")
+
+
+def test_args_change_rolls_and_fields_of_other_managers_survive(
+    api_client: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    """Server-side apply under one field manager: a label another tool put on a child (a
+    cost-allocation label, a policy engine's annotation) stays through the operator's next
+    write of that child."""
+    create_isvc(api_client, namespace, sample("minimal"))
+    wait_ready(api_client, namespace, "llama-8b")
+    apps = client.AppsV1Api(api_client)
+    apps.patch_namespaced_stateful_set(
+        "llama-8b-decode",
+        namespace,
+        {"metadata": {"labels": {"example.com/cost-center": "ml-platform"}}},
+        field_manager="cost-tagger",
+    )
+    patch_isvc(api_client, namespace, "llama-8b", {"spec": {"engine": {"extraArgs": ["--seed=7"]}}})
+    wait_ready(api_client, namespace, "llama-8b")
+    sts = apps.read_namespaced_stateful_set("llama-8b-decode", namespace)
+    env = {e.name: e.value for e in sts.spec.template.spec.containers[0].env or ()}
+    assert json.loads(env["PDFLEET_EXTRA_ARGS"]) == ["--seed=7"]  # a new template: a rollout
+    assert sts.metadata.labels["example.com/cost-center"] == "ml-platform"
+    managers = {f.manager for f in sts.metadata.managed_fields}
+    assert {"cost-tagger", "pdfleet-operator"} <= managers, managers
 
 
 def test_second_apply_of_the_same_file_writes_nothing(
@@ -225,23 +274,6 @@ def test_render_matches_what_the_operator_applies(
 ) -> None:
     create_isvc(api_client, namespace, sample("minimal"))
     wait_ready(api_client, namespace, "llama-8b")
-    rendered = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pdfleet.cli",
-            "render",
-            "-f",
-            str(SAMPLES_DIR / "minimal.yaml"),
-            "-n",
-            namespace,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    names = {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(rendered)}
-    live = {
-        (o["kind"], o["metadata"]["name"]) for o in list_children(api_client, namespace, "llama-8b")
-    }
-    assert names == live
+    assert _rendered(SAMPLES_DIR / "minimal.yaml", namespace) == _live(
+        api_client, namespace, "llama-8b"
+    )
