@@ -68,7 +68,7 @@ test-scenarios: $(STAMP) toolchain ## Autoscaling under a load shift and the sho
 test-drain: $(STAMP) toolchain ## Drain cycles, a scale-up during a drain, kubectl delete pod, on the local cluster (~4 min).
 	$(NETNS) $(PYTEST) $(DRAIN_TESTS)
 
-test: verify test-integration test-e2e test-scenarios ## Everything CI runs.
+test: verify test-integration test-e2e test-scenarios test-drain ## Everything CI runs.
 
 bench-scale: $(STAMP) toolchain ## 1,000 InferenceServices on the local cluster, measured (BENCH_SCALE_ARGS=--services 100).
 	$(NETNS) $(PY) -m e2e.bench_scale $(BENCH_SCALE_ARGS)
