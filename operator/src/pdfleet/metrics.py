@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -57,8 +59,9 @@ SLO_OBSERVED = Gauge(
 )
 SLO_ATTAINMENT = Gauge(
     "pdfleet_slo_attainment_ratio",
-    "Estimated share of recent requests meeting both latency targets (0-1).",
-    list(SERVICE_LABELS),
+    "Estimated share of the SLO window's requests meeting the latency target (0-1), by SLO "
+    "(ttft, itl, both).",
+    [*SERVICE_LABELS, "slo"],
 )
 POOL_REPLICAS = Gauge(
     "pdfleet_pool_replicas",
@@ -70,6 +73,16 @@ SERVICE_CONDITION = Gauge(
     "1 when the InferenceService's condition (Ready, Reconciling, Stalled, ...) is True.",
     [*SERVICE_LABELS, "condition"],
 )
+
+
+def set_or_clear(gauge: Gauge, labels: tuple[str, ...], value: float) -> None:
+    """Set one series, or drop it while the value is unknown (NaN): a last known value
+    left behind would keep an alert firing after the traffic stopped."""
+    if math.isnan(value):
+        with contextlib.suppress(KeyError):  # never set, or dropped already
+            gauge.remove(*labels)
+    else:
+        gauge.labels(*labels).set(value)
 
 
 def export_status(namespace: str, name: str, status: dict[str, Any]) -> None:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from pdfleet import labels, metrics
 from pdfleet.api.types import format_duration, parse_duration
 from pdfleet.api.v1alpha1 import CapacityHintSpec, InferenceService
+from pdfleet.autoscale.attainment import slo_attainment
 from pdfleet.autoscale.policy import (
     Decision,
     MetricsWindow,
@@ -129,6 +130,8 @@ class Outcome:
     condition: dict[str, str]
     events: tuple[tuple[str, str, str], ...]
     """(type, reason, message) Events to record on the InferenceService."""
+    attainment: dict[str, float]
+    """Estimated SLO attainment per SLO (`attainment.SLOS`), NaN where unknown."""
 
 
 def outcome_of(
@@ -162,6 +165,14 @@ def outcome_of(
         slo["ttftSeconds"] = round(ttft, 4)
     if not math.isnan(itl):
         slo["itlSeconds"] = round(itl, 4)
+    attainment = slo_attainment(
+        window.ttft_buckets if window else (),
+        window.tpot_buckets if window else (),
+        config.ttft_target_s,
+        config.itl_target_s,
+    )
+    if not math.isnan(attainment["both"]):
+        slo["attainment"] = round(attainment["both"], 4)
     available = next((c for c in decision.conditions if c.type == METRICS_AVAILABLE), None)
     condition = {
         "type": METRICS_AVAILABLE,
@@ -176,7 +187,7 @@ def outcome_of(
         events.append(
             ("Warning", "MetricsUnavailable", condition["message"] or condition["reason"])
         )
-    return Outcome(desired, autoscaler, slo, condition, tuple(events))
+    return Outcome(desired, autoscaler, slo, condition, tuple(events), attainment)
 
 
 @dataclass
@@ -262,5 +273,7 @@ def _export_metrics(
     metrics.SLO_TARGET.labels(namespace, name, "ttft").set(config.ttft_target_s)
     metrics.SLO_TARGET.labels(namespace, name, "itl").set(config.itl_target_s)
     for slo, key in (("ttft", "ttftSeconds"), ("itl", "itlSeconds")):
-        if key in outcome.slo:
-            metrics.SLO_OBSERVED.labels(namespace, name, slo).set(outcome.slo[key])
+        observed = outcome.slo.get(key, math.nan)
+        metrics.set_or_clear(metrics.SLO_OBSERVED, (namespace, name, slo), observed)
+    for slo, share in outcome.attainment.items():
+        metrics.set_or_clear(metrics.SLO_ATTAINMENT, (namespace, name, slo), share)
