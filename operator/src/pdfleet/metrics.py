@@ -44,7 +44,8 @@ SERVICE_LABELS = ("namespace", "pdfleet_service")
 
 AUTOSCALER_DECISIONS = Counter(
     "pdfleet_autoscaler_decisions_total",
-    "Autoscaler decisions per pool, by direction (up, down, hold) and reason.",
+    "Autoscaler decisions per pool, by direction (up, down, hold) and reason (OverTarget, "
+    "GPUBudget, Load, or why metrics were unusable: MetricsMissing, MetricsStale, MetricsNaN).",
     [*SERVICE_LABELS, "pdfleet_role", "direction", "reason"],
 )
 SLO_TARGET = Gauge(
@@ -99,7 +100,15 @@ def export_status(namespace: str, name: str, status: dict[str, Any]) -> None:
 
 def forget_service(namespace: str, name: str) -> None:
     """Drop a deleted service's series so dashboards do not show it forever."""
-    for gauge in (POOL_REPLICAS, SERVICE_CONDITION, SLO_TARGET, SLO_OBSERVED, SLO_ATTAINMENT):
-        for labels in list(gauge._metrics):  # prometheus_client keeps children by label tuple
+    per_service = (
+        AUTOSCALER_DECISIONS,
+        POOL_REPLICAS,
+        SERVICE_CONDITION,
+        SLO_TARGET,
+        SLO_OBSERVED,
+        SLO_ATTAINMENT,
+    )
+    for metric in per_service:
+        for labels in list(metric._metrics):  # prometheus_client keeps children by label tuple
             if labels[:2] == (namespace, name):
-                gauge.remove(*labels)
+                metric.remove(*labels)

@@ -10,16 +10,23 @@ from typing import Any
 import pytest
 
 from pdfleet.api.v1alpha1 import InferenceService
-from pdfleet.autoscale.actuator import Autoscaler, describe, policy_config
+from pdfleet.autoscale.actuator import Autoscaler, decision_reason, describe, policy_config
 from pdfleet.autoscale.attainment import Buckets
-from pdfleet.autoscale.policy import MetricsWindow, PolicyConfig, RoleMetrics
+from pdfleet.autoscale.policy import (
+    Capacity,
+    Condition,
+    Decision,
+    MetricsWindow,
+    PolicyConfig,
+    RoleMetrics,
+)
 from pdfleet.controller import Controller
 from pdfleet.reconcile.observed import Observed, PodInfo, observed_from
 from pdfleet.reconcile.plan import desired_replicas, with_hash
 from pdfleet.render import render_children
 from tests.spec_cases import merge_patch, sample
 from tests.unit.fakes import Writer
-from tests.unit.operator_metrics import value
+from tests.unit.operator_metrics import counted, labels, samples, value
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 AUTOSCALED = {
@@ -264,3 +271,70 @@ def test_figures_that_become_unknown_drop_their_series() -> None:
     for slo in ("ttft", "itl"):
         assert value("pdfleet_slo_observed_seconds", **SERVICE, slo=slo) is None
         assert value("pdfleet_slo_target_seconds", **SERVICE, slo=slo) is not None
+
+
+def _decision_labels(role: str, direction: str, reason: str) -> frozenset[tuple[str, str]]:
+    return labels(**SERVICE, pdfleet_role=role, direction=direction, reason=reason)
+
+
+def test_each_pool_counts_its_decision_by_direction_and_a_fixed_reason() -> None:
+    violating = _metrics(3.0, 0.01, prompt_rate=40_000)
+    source, clock = Source(violating, _metrics(3.0, 0.01)), [1000.0]
+    controller, writer = _controller(source, clock)
+    with counted("pdfleet_autoscaler_decisions_total") as decisions:
+        controller.reconcile(_body(), _observed(_isvc()))
+    assert writer.last_status["prefill"]["desired"] > 1
+    assert decisions == {
+        _decision_labels("prefill", "up", "OverTarget"): 1.0,
+        _decision_labels("decode", "hold", "Load"): 1.0,
+    }
+
+    # The next decision sees other figures but adds no series: the reason is not the text.
+    source.prefill = _metrics(3.5, 0.01, prompt_rate=41_000)
+    clock[0] += 15.0
+    with counted("pdfleet_autoscaler_decisions_total") as decisions:
+        controller.reconcile(_body(), _observed(_isvc()))
+    assert {dict(key)["reason"] for key in decisions} <= {"OverTarget", "Load"}
+    assert sum(decisions.values()) == 2.0
+
+
+def test_a_hold_without_metrics_is_counted_with_the_condition_reason() -> None:
+    controller, _ = _controller(Source(None, None), [1000.0])
+    with counted("pdfleet_autoscaler_decisions_total") as decisions:
+        controller.reconcile(_body(), _observed(_isvc()))
+    assert decisions == {
+        _decision_labels("prefill", "hold", "MetricsMissing"): 1.0,
+        _decision_labels("decode", "hold", "MetricsMissing"): 1.0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("conditions", "latency", "reason"),
+    [
+        ((Condition("MetricsAvailable", "False", "MetricsStale"),), 3.0, "MetricsStale"),
+        ((Condition("MetricsAvailable", "True", "MetricsFresh"),), 3.0, "OverTarget"),
+        ((Condition("BudgetLimited", "True", "GPUBudget"),), 3.0, "OverTarget"),
+        ((Condition("BudgetLimited", "True", "GPUBudget"),), 0.5, "GPUBudget"),
+        ((), 0.5, "Load"),
+        ((), math.nan, "Load"),
+    ],
+)
+def test_decision_reason(conditions: tuple[Condition, ...], latency: float, reason: str) -> None:
+    decision = Decision(0.0, 1, 1, 1, 1, ("free text 123/s",), conditions, Capacity(), None)
+    assert decision_reason(decision, latency, 1.0) == reason
+
+
+def test_a_deleted_service_leaves_no_series_behind() -> None:
+    source = Source(_metrics(0.2, 0.01), _metrics(0.2, 0.01), TTFT_BUCKETS, TPOT_BUCKETS)
+    controller, _ = _controller(source, [1000.0])
+    controller.reconcile(_body(), _observed(_isvc()))
+    controller.forget("ns", "llama-8b")
+    for name in (
+        "pdfleet_autoscaler_decisions_total",
+        "pdfleet_slo_target_seconds",
+        "pdfleet_slo_observed_seconds",
+        "pdfleet_slo_attainment_ratio",
+        "pdfleet_pool_replicas",
+        "pdfleet_service_condition",
+    ):
+        assert not [key for key in samples(name) if labels(**SERVICE) <= key], name
