@@ -8,8 +8,9 @@ leaving decode one GPU (the budget binds; an idle decode pool has usually shrunk
 before the surge), and TTFT measured at the client must be back under target once the new replicas
 serve; the long outputs must do the opposite for decode and ITL (the median at the client under
 target, the p90 lower than on one decode: the policy's ITL signal is the mean). Every request,
-through all the scale-downs, must complete, and the manifest as applied must show no drift in a
-server-side diff after those decisions. Then, under a light load, Prometheus is stopped:
+through all the scale-downs, must complete, the manifest as applied must show no drift in a
+server-side diff after those decisions, and the operator must have counted them by its fixed
+reasons (its SLO series are printed). Then, under a light load, Prometheus is stopped:
 the autoscaler holds with `MetricsAvailable=False`, and once Prometheus is back (same port
 and TSDB) the condition turns True and decisions resume.
 """
@@ -17,6 +18,7 @@ and TSDB) the condition turns True and decisions resume.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -60,6 +62,7 @@ DECODE_GRACE_S = 90.0
 #: much later (the backlog of the violating period is gone by then).
 SETTLE_S = 15.0
 BUDGET = 4
+DECISIONS = "pdfleet_autoscaler_decisions_total{"
 
 
 def first(samples: Sequence[Sample], predicate: Callable[[Sample], bool]) -> Sample | None:
@@ -166,8 +169,25 @@ def test_the_applied_manifest_shows_no_drift_after_the_autoscaler_acted(
     status = fleet.status()
     print(f"desired now {({r: status[r]['desired'] for r in ROLES})}, initial {initial}; "
           f"last decision {status['autoscaler']['lastDecision']!r}")  # fmt: skip
+    print(f"status.slo {status.get('slo')}")
     diff = bridge_cluster.server_side_diff([fleet.manifest])
     assert diff.returncode == 0, f"drift after the autoscaler acted:\n{diff.stdout}{diff.stderr}"
+
+
+def test_the_operator_counts_decisions_by_a_fixed_reason(shift: Drive, fleet: Fleet) -> None:
+    service = f'namespace="{fleet.namespace}",pdfleet_service="{fleet.name}"'
+    series = {k: v for k, v in fleet.operator.metrics().items() if service in k}
+    for key in sorted(k for k in series if k.startswith("pdfleet_slo_")):
+        print(f"{key} {series[key]:g}")  # the SLO figures of the last decision
+    decisions = {k: v for k, v in series.items() if k.startswith(DECISIONS)}
+    reasons = {reason for k in decisions for reason in re.findall(r'reason="([^"]*)"', k)}
+    print(f"decision reasons: {sorted(reasons)}")
+    assert reasons <= {"OverTarget", "GPUBudget", "Load", "MetricsMissing", "MetricsStale",
+                       "MetricsNaN"}, sorted(decisions)  # fmt: skip
+    for role in ROLES:
+        for direction in ("up", "down"):
+            moved = [k for k in decisions if f'"{role}"' in k and f'direction="{direction}"' in k]
+            assert sum(decisions[k] for k in moved) > 0, (role, direction, sorted(decisions))
 
 
 def test_prometheus_down_holds_then_decisions_resume(shift: Drive, fleet: Fleet) -> None:
