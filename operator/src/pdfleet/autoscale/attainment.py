@@ -63,5 +63,5 @@ def slo_attainment(
     ttft: Buckets, tpot: Buckets, ttft_target_s: float, itl_target_s: float
 ) -> dict[str, float]:
     """Attainment per SLO (`SLOS`), NaN where unknown (see the module docstring)."""
-    shares = {"ttft": share_within(ttft, ttft_target_s), "itl": share_within(tpot, itl_target_s)}
-    return {**shares, "both": shares["ttft"] * shares["itl"]}
+    first_token, per_token = share_within(ttft, ttft_target_s), share_within(tpot, itl_target_s)
+    return dict(zip(SLOS, (first_token, per_token, first_token * per_token), strict=True))
