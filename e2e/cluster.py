@@ -65,6 +65,7 @@ CLUSTER_BINARIES = (
 )
 
 POD_CIDR = "10.244.0.0/16"
+E2E_MANAGER = "pdfleet-e2e"  # the field manager `Cluster.apply` writes as by default
 BRIDGE_LABEL = "pdfleet.dev/managed-by-bridge"
 GPU_RESOURCE = "nvidia.com/gpu"
 RDMA_RESOURCE = "rdma/ib"
@@ -537,14 +538,12 @@ class Cluster:
         env["KUBECONFIG"] = str(self.kubeconfig)
         return env
 
+    def _kubectl_argv(self, *args: str) -> list[str]:
+        return [str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args]
+
     def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 60.0) -> str:
         """Run the toolchain's kubectl against this cluster and return its stdout."""
-        return _run(
-            [str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
-            env=self.env(),
-            stdin=stdin,
-            timeout=timeout,
-        )
+        return _run(self._kubectl_argv(*args), env=self.env(), stdin=stdin, timeout=timeout)
 
     def kwokctl(self, *args: str, timeout: float = 180.0) -> str:
         """Run the toolchain's kwokctl for this cluster and return its stdout."""
@@ -554,10 +553,17 @@ class Cluster:
             timeout=timeout,
         )
 
-    def apply(self, manifests: Sequence[Manifest]) -> None:
-        """Server-side apply ``manifests`` (as the ``pdfleet-e2e`` field manager)."""
-        text = yaml.safe_dump_all(list(manifests), sort_keys=False)
-        self.kubectl("apply", "--server-side", "--field-manager=pdfleet-e2e", "-f", "-", stdin=text)
+    def apply(self, manifests: Sequence[Manifest], field_manager: str = E2E_MANAGER) -> None:
+        """Server-side apply ``manifests`` as ``field_manager``."""
+        self.kubectl("apply", *_server_side(field_manager), stdin=_stream(manifests))
+
+    def server_side_diff(
+        self, manifests: Sequence[Manifest], field_manager: str = E2E_MANAGER
+    ) -> subprocess.CompletedProcess[str]:
+        """`kubectl diff --server-side` of ``manifests`` as ``field_manager`` would apply them
+        again, the drift check of a GitOps tool: exit 0 no drift, 1 drift, >1 error."""
+        argv = self._kubectl_argv("diff", *_server_side(field_manager))
+        return _complete(argv, env=self.env(), stdin=_stream(manifests))
 
     def create_namespace(self, name: str, timeout_s: float = 120.0) -> str:
         """Create namespace ``name`` and wait for its default ServiceAccount (pods are refused
@@ -613,10 +619,19 @@ class Cluster:
         return Supervisor(self.state_dir).pids()
 
 
-def _run(
+def _server_side(field_manager: str) -> tuple[str, ...]:
+    """kubectl flags for server-side apply (or its dry run) of documents on stdin."""
+    return ("--server-side", f"--field-manager={field_manager}", "-f", "-")
+
+
+def _stream(manifests: Sequence[Manifest]) -> str:
+    return yaml.safe_dump_all(list(manifests), sort_keys=False)
+
+
+def _complete(
     argv: Sequence[str], env: Mapping[str, str], stdin: str | None = None, timeout: float = 60.0
-) -> str:
-    proc = subprocess.run(
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         list(argv),
         env=dict(env),
         input=stdin,
@@ -625,6 +640,12 @@ def _run(
         timeout=timeout,
         check=False,
     )
+
+
+def _run(
+    argv: Sequence[str], env: Mapping[str, str], stdin: str | None = None, timeout: float = 60.0
+) -> str:
+    proc = _complete(argv, env, stdin, timeout)
     if proc.returncode != 0:
         raise CommandError(proc.returncode, list(argv), output=proc.stdout, stderr=proc.stderr)
     return proc.stdout

@@ -8,7 +8,9 @@ leaving decode one GPU (the budget binds; an idle decode pool has usually shrunk
 before the surge), and TTFT measured at the client must be back under target once the new replicas
 serve; the long outputs must do the opposite for decode and ITL (the median at the client under
 target, the p90 lower than on one decode: the policy's ITL signal is the mean). Every request,
-through all the scale-downs, must complete. Then, under a light load, Prometheus is stopped:
+through all the scale-downs, must complete, the manifest as applied must show no drift in a
+server-side diff after those decisions, and the operator must have counted them by its fixed
+reasons (its SLO series are printed). Then, under a light load, Prometheus is stopped:
 the autoscaler holds with `MetricsAvailable=False`, and once Prometheus is back (same port
 and TSDB) the condition turns True and decisions resume.
 """
@@ -16,6 +18,7 @@ and TSDB) the condition turns True and decisions resume.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -23,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from e2e.cluster import Cluster
 from e2e.demo import demo_phases
 from e2e.fleet import (
     METRICS_AVAILABLE,
@@ -36,6 +40,7 @@ from e2e.fleet import (
     slo_targets,
 )
 from e2e.loadgen import OK, Phase, Record, arrivals
+from pdfleet.labels import WORKER_ROLES as ROLES
 from tests.e2e_autoscale.conftest import TIME_SCALE
 
 pytestmark = pytest.mark.timeout(1200)
@@ -57,6 +62,7 @@ DECODE_GRACE_S = 90.0
 #: much later (the backlog of the violating period is gone by then).
 SETTLE_S = 15.0
 BUDGET = 4
+DECISIONS = "pdfleet_autoscaler_decisions_total{"
 
 
 def first(samples: Sequence[Sample], predicate: Callable[[Sample], bool]) -> Sample | None:
@@ -149,6 +155,39 @@ def test_scale_downs_under_load_lose_no_request(shift: Drive) -> None:
         if getattr(b, role)["desired"] < getattr(a, role)["desired"]
     ]
     assert {role for _, role in downs} == {"prefill", "decode"}, downs
+
+
+def test_the_applied_manifest_shows_no_drift_after_the_autoscaler_acted(
+    shift: Drive, fleet: Fleet, bridge_cluster: Cluster
+) -> None:
+    # What a GitOps tool checks: the user's manifest, as applied, against the live object
+    # once the autoscaler has moved both pools away from the manifest's `initial` counts
+    # (tests/integration/test_gitops.py does it after a status patch standing in for it).
+    initial = {role: fleet.manifest["spec"][role]["replicas"]["initial"] for role in ROLES}
+    moved = {r for s in shift.samples for r in ROLES if getattr(s, r)["desired"] != initial[r]}
+    assert moved == set(ROLES), timeline(shift.samples)
+    status = fleet.status()
+    print(f"desired now {({r: status[r]['desired'] for r in ROLES})}, initial {initial}; "
+          f"last decision {status['autoscaler']['lastDecision']!r}")  # fmt: skip
+    print(f"status.slo {status.get('slo')}")
+    diff = bridge_cluster.server_side_diff([fleet.manifest])
+    assert diff.returncode == 0, f"drift after the autoscaler acted:\n{diff.stdout}{diff.stderr}"
+
+
+def test_the_operator_counts_decisions_by_a_fixed_reason(shift: Drive, fleet: Fleet) -> None:
+    service = f'namespace="{fleet.namespace}",pdfleet_service="{fleet.name}"'
+    series = {k: v for k, v in fleet.operator.metrics().items() if service in k}
+    for key in sorted(k for k in series if k.startswith("pdfleet_slo_")):
+        print(f"{key} {series[key]:g}")  # the SLO figures of the last decision
+    decisions = {k: v for k, v in series.items() if k.startswith(DECISIONS)}
+    reasons = {reason for k in decisions for reason in re.findall(r'reason="([^"]*)"', k)}
+    print(f"decision reasons: {sorted(reasons)}")
+    assert reasons <= {"OverTarget", "GPUBudget", "Load", "MetricsMissing", "MetricsStale",
+                       "MetricsNaN"}, sorted(decisions)  # fmt: skip
+    for role in ROLES:
+        for direction in ("up", "down"):
+            moved = [k for k in decisions if f'"{role}"' in k and f'direction="{direction}"' in k]
+            assert sum(decisions[k] for k in moved) > 0, (role, direction, sorted(decisions))
 
 
 def test_prometheus_down_holds_then_decisions_resume(shift: Drive, fleet: Fleet) -> None:

@@ -8,7 +8,6 @@ Applying the same manifest twice writing nothing is tested in test_reconciler.py
 
 from __future__ import annotations
 
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -72,17 +71,6 @@ def apply(cluster: Cluster, path: Path) -> str:
     )
 
 
-def server_side_diff(cluster: Cluster, path: Path) -> subprocess.CompletedProcess[str]:
-    """`kubectl diff --server-side`: exit 0 no drift, 1 drift, >1 error."""
-    return subprocess.run(
-        [
-            str(cluster.bin_dir / "kubectl"), "--kubeconfig", str(cluster.kubeconfig),
-            "diff", "--server-side", f"--field-manager={GITOPS_MANAGER}", "-f", str(path),
-        ],
-        capture_output=True, text=True, env=cluster.env(), timeout=60, check=False,
-    )  # fmt: skip
-
-
 def scale_decode_through_status(api_client: Any, namespace: str, desired: int) -> None:
     """What the autoscaler does: its decision goes to status, never to the spec."""
     client.CustomObjectsApi(api_client).patch_namespaced_custom_object_status(
@@ -99,8 +87,9 @@ def decode_replicas(api_client: Any, namespace: str) -> int:
 def test_operator_actions_leave_no_drift_in_a_server_side_diff(
     cluster: Cluster, api_client: Any, namespace: str, operator: OperatorProcess, tmp_path: Path
 ) -> None:
+    wanted = autoscaled_manifest(namespace)
     manifest = tmp_path / "isvc.yaml"
-    manifest.write_text(yaml.safe_dump(autoscaled_manifest(namespace)))
+    manifest.write_text(yaml.safe_dump(wanted))
     apply(cluster, manifest)
     wait_ready(api_client, namespace, NAME)
     assert decode_replicas(api_client, namespace) == 1
@@ -125,7 +114,7 @@ def test_operator_actions_leave_no_drift_in_a_server_side_diff(
 
     wait_for(two_decoders_ready, 90, "two ready decoders")
 
-    diff = server_side_diff(cluster, manifest)
+    diff = cluster.server_side_diff([wanted], GITOPS_MANAGER)
     assert diff.returncode == 0, f"drift after the operator acted:\n{diff.stdout}{diff.stderr}"
     # Only the GitOps manager owns the object; the operator appears only on the status.
     live = get_isvc(api_client, namespace, NAME)

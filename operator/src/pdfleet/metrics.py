@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -42,7 +44,8 @@ SERVICE_LABELS = ("namespace", "pdfleet_service")
 
 AUTOSCALER_DECISIONS = Counter(
     "pdfleet_autoscaler_decisions_total",
-    "Autoscaler decisions per pool, by direction (up, down, hold) and reason.",
+    "Autoscaler decisions per pool, by direction (up, down, hold) and reason (OverTarget, "
+    "GPUBudget, Load, or why metrics were unusable: MetricsMissing, MetricsStale, MetricsNaN).",
     [*SERVICE_LABELS, "pdfleet_role", "direction", "reason"],
 )
 SLO_TARGET = Gauge(
@@ -57,8 +60,9 @@ SLO_OBSERVED = Gauge(
 )
 SLO_ATTAINMENT = Gauge(
     "pdfleet_slo_attainment_ratio",
-    "Estimated share of recent requests meeting both latency targets (0-1).",
-    list(SERVICE_LABELS),
+    "Estimated share of the SLO window's requests meeting the latency target (0-1), by SLO "
+    "(ttft, itl, both).",
+    [*SERVICE_LABELS, "slo"],
 )
 POOL_REPLICAS = Gauge(
     "pdfleet_pool_replicas",
@@ -70,6 +74,16 @@ SERVICE_CONDITION = Gauge(
     "1 when the InferenceService's condition (Ready, Reconciling, Stalled, ...) is True.",
     [*SERVICE_LABELS, "condition"],
 )
+
+
+def set_or_clear(gauge: Gauge, labels: tuple[str, ...], value: float) -> None:
+    """Set one series, or drop it while the value is unknown (NaN): a last known value
+    left behind would keep an alert firing after the traffic stopped."""
+    if math.isnan(value):
+        with contextlib.suppress(KeyError):  # never set, or dropped already
+            gauge.remove(*labels)
+    else:
+        gauge.labels(*labels).set(value)
 
 
 def export_status(namespace: str, name: str, status: dict[str, Any]) -> None:
@@ -86,7 +100,15 @@ def export_status(namespace: str, name: str, status: dict[str, Any]) -> None:
 
 def forget_service(namespace: str, name: str) -> None:
     """Drop a deleted service's series so dashboards do not show it forever."""
-    for gauge in (POOL_REPLICAS, SERVICE_CONDITION, SLO_TARGET, SLO_OBSERVED, SLO_ATTAINMENT):
-        for labels in list(gauge._metrics):  # prometheus_client keeps children by label tuple
+    per_service = (
+        AUTOSCALER_DECISIONS,
+        POOL_REPLICAS,
+        SERVICE_CONDITION,
+        SLO_TARGET,
+        SLO_OBSERVED,
+        SLO_ATTAINMENT,
+    )
+    for metric in per_service:
+        for labels in list(metric._metrics):  # prometheus_client keeps children by label tuple
             if labels[:2] == (namespace, name):
-                gauge.remove(*labels)
+                metric.remove(*labels)

@@ -7,15 +7,26 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
 from pdfleet.api.v1alpha1 import InferenceService
-from pdfleet.autoscale.actuator import Autoscaler, describe, policy_config
-from pdfleet.autoscale.policy import MetricsWindow, PolicyConfig, RoleMetrics
+from pdfleet.autoscale.actuator import Autoscaler, decision_reason, describe, policy_config
+from pdfleet.autoscale.attainment import Buckets
+from pdfleet.autoscale.policy import (
+    Capacity,
+    Condition,
+    Decision,
+    MetricsWindow,
+    PolicyConfig,
+    RoleMetrics,
+)
 from pdfleet.controller import Controller
 from pdfleet.reconcile.observed import Observed, PodInfo, observed_from
 from pdfleet.reconcile.plan import desired_replicas, with_hash
 from pdfleet.render import render_children
 from tests.spec_cases import merge_patch, sample
 from tests.unit.fakes import Writer
+from tests.unit.operator_metrics import counted, labels, samples, value
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 AUTOSCALED = {
@@ -61,15 +72,24 @@ def _metrics(ttft: float, itl: float, prompt_rate: float = 1000.0) -> RoleMetric
 class Source:
     """A metrics source returning a fixed window (or None for a missing role)."""
 
-    def __init__(self, prefill: RoleMetrics | None, decode: RoleMetrics | None) -> None:
+    def __init__(
+        self,
+        prefill: RoleMetrics | None,
+        decode: RoleMetrics | None,
+        ttft_buckets: Buckets = (),
+        tpot_buckets: Buckets = (),
+    ) -> None:
         self.prefill, self.decode = prefill, decode
+        self.ttft_buckets, self.tpot_buckets = ttft_buckets, tpot_buckets
         self.calls = 0
 
     def window(
         self, namespace: str, service: str, now_s: float, percentile: float, window_s: float
     ) -> MetricsWindow:
         self.calls += 1
-        return MetricsWindow(now_s, window_s, self.prefill, self.decode)
+        return MetricsWindow(
+            now_s, window_s, self.prefill, self.decode, self.ttft_buckets, self.tpot_buckets
+        )
 
 
 def _observed(isvc: InferenceService) -> Observed:
@@ -211,3 +231,110 @@ def test_the_measured_kv_transfer_time_feeds_the_policy() -> None:
     assert measured_kv_transfer_s({"kvTransport": {"expectedTransferSeconds": 0.52}}) == 0.52
     failed = {"kvTransport": {"expectedTransferSeconds": None, "error": "refused"}}
     assert measured_kv_transfer_s(failed) == 0.0
+
+
+SERVICE = {"namespace": "ns", "pdfleet_service": "llama-8b"}
+INF = math.inf
+# 40 % of TTFTs within the 1 s target, 90 % of requests' time per output token within 20 ms.
+TTFT_BUCKETS: Buckets = ((0.5, 1.0), (1.0, 4.0), (2.5, 9.0), (INF, 10.0))
+TPOT_BUCKETS: Buckets = ((0.01, 0.0), (0.02, 9.0), (0.025, 10.0), (INF, 10.0))
+
+
+def test_slo_figures_go_to_status_and_the_operators_series() -> None:
+    source = Source(_metrics(3.0, 0.01), _metrics(3.0, 0.01), TTFT_BUCKETS, TPOT_BUCKETS)
+    controller, writer = _controller(source, [1000.0])
+    controller.reconcile(_body(), _observed(_isvc()))
+    assert writer.last_status["slo"]["attainment"] == pytest.approx(0.36)
+    for slo, target, observed, share in (("ttft", 1.0, 3.0, 0.4), ("itl", 0.02, 0.01, 0.9)):
+        assert value("pdfleet_slo_target_seconds", **SERVICE, slo=slo) == target
+        assert value("pdfleet_slo_observed_seconds", **SERVICE, slo=slo) == observed
+        assert value("pdfleet_slo_attainment_ratio", **SERVICE, slo=slo) == pytest.approx(share)
+    assert value("pdfleet_slo_attainment_ratio", **SERVICE, slo="both") == pytest.approx(0.36)
+
+
+def test_figures_that_become_unknown_drop_their_series() -> None:
+    source = Source(_metrics(0.2, 0.01), _metrics(0.2, 0.01), TTFT_BUCKETS, TPOT_BUCKETS)
+    clock = [1000.0]
+    controller, writer = _controller(source, clock)
+    controller.reconcile(_body(), _observed(_isvc()))
+    assert value("pdfleet_slo_attainment_ratio", **SERVICE, slo="both") is not None
+
+    # The traffic stops: no latencies, no requests in the histograms. A last value left
+    # behind would keep the SLO alerts firing.
+    idle = _metrics(math.nan, math.nan, 0.0)
+    source.prefill, source.decode, source.ttft_buckets, source.tpot_buckets = idle, idle, (), ()
+    clock[0] += 15.0
+    controller.reconcile(_body(), _observed(_isvc()))
+    assert "attainment" not in writer.last_status["slo"]
+    for slo in ("ttft", "itl", "both"):
+        assert value("pdfleet_slo_attainment_ratio", **SERVICE, slo=slo) is None
+    for slo in ("ttft", "itl"):
+        assert value("pdfleet_slo_observed_seconds", **SERVICE, slo=slo) is None
+        assert value("pdfleet_slo_target_seconds", **SERVICE, slo=slo) is not None
+
+
+def _decision_labels(role: str, direction: str, reason: str) -> frozenset[tuple[str, str]]:
+    return labels(**SERVICE, pdfleet_role=role, direction=direction, reason=reason)
+
+
+def test_each_pool_counts_its_decision_by_direction_and_a_fixed_reason() -> None:
+    violating = _metrics(3.0, 0.01, prompt_rate=40_000)
+    source, clock = Source(violating, _metrics(3.0, 0.01)), [1000.0]
+    controller, writer = _controller(source, clock)
+    with counted("pdfleet_autoscaler_decisions_total") as decisions:
+        controller.reconcile(_body(), _observed(_isvc()))
+    assert writer.last_status["prefill"]["desired"] > 1
+    assert decisions == {
+        _decision_labels("prefill", "up", "OverTarget"): 1.0,
+        _decision_labels("decode", "hold", "Load"): 1.0,
+    }
+
+    # The next decision sees other figures but adds no series: the reason is not the text.
+    source.prefill = _metrics(3.5, 0.01, prompt_rate=41_000)
+    clock[0] += 15.0
+    with counted("pdfleet_autoscaler_decisions_total") as decisions:
+        controller.reconcile(_body(), _observed(_isvc()))
+    assert {dict(key)["reason"] for key in decisions} <= {"OverTarget", "Load"}
+    assert sum(decisions.values()) == 2.0
+
+
+def test_a_hold_without_metrics_is_counted_with_the_condition_reason() -> None:
+    controller, _ = _controller(Source(None, None), [1000.0])
+    with counted("pdfleet_autoscaler_decisions_total") as decisions:
+        controller.reconcile(_body(), _observed(_isvc()))
+    assert decisions == {
+        _decision_labels("prefill", "hold", "MetricsMissing"): 1.0,
+        _decision_labels("decode", "hold", "MetricsMissing"): 1.0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("conditions", "latency", "reason"),
+    [
+        ((Condition("MetricsAvailable", "False", "MetricsStale"),), 3.0, "MetricsStale"),
+        ((Condition("MetricsAvailable", "True", "MetricsFresh"),), 3.0, "OverTarget"),
+        ((Condition("BudgetLimited", "True", "GPUBudget"),), 3.0, "OverTarget"),
+        ((Condition("BudgetLimited", "True", "GPUBudget"),), 0.5, "GPUBudget"),
+        ((), 0.5, "Load"),
+        ((), math.nan, "Load"),
+    ],
+)
+def test_decision_reason(conditions: tuple[Condition, ...], latency: float, reason: str) -> None:
+    decision = Decision(0.0, 1, 1, 1, 1, ("free text 123/s",), conditions, Capacity(), None)
+    assert decision_reason(decision, latency, 1.0) == reason
+
+
+def test_a_deleted_service_leaves_no_series_behind() -> None:
+    source = Source(_metrics(0.2, 0.01), _metrics(0.2, 0.01), TTFT_BUCKETS, TPOT_BUCKETS)
+    controller, _ = _controller(source, [1000.0])
+    controller.reconcile(_body(), _observed(_isvc()))
+    controller.forget("ns", "llama-8b")
+    for name in (
+        "pdfleet_autoscaler_decisions_total",
+        "pdfleet_slo_target_seconds",
+        "pdfleet_slo_observed_seconds",
+        "pdfleet_slo_attainment_ratio",
+        "pdfleet_pool_replicas",
+        "pdfleet_service_condition",
+    ):
+        assert not [key for key in samples(name) if labels(**SERVICE) <= key], name

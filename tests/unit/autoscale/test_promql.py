@@ -10,6 +10,7 @@ import pytest
 from pdfleet.autoscale import promql
 from pdfleet.autoscale.metrics import (
     PrometheusSource,
+    parse_buckets,
     parse_sample,
     parse_scalar,
     to_role_metrics,
@@ -54,6 +55,17 @@ SEL = 'namespace="serving",pdfleet_service="llama-8b",pdfleet_role="prefill"'
 )
 def test_queries(name: str, got: str, want: str) -> None:
     assert got == want, name
+
+
+def test_slo_histograms_are_bucket_rates_of_the_role_judged_on_each() -> None:
+    queries = promql.slo_bucket_queries("serving", "llama-8b", 60)
+    decode = SEL.replace('"prefill"', '"decode"')
+    assert queries == {
+        "ttft_buckets": "sum by (le) "
+        f"(rate(vllm:time_to_first_token_seconds_bucket{{{SEL}}}[60s]))",
+        "tpot_buckets": "sum by (le) "
+        f"(rate(vllm:request_time_per_output_token_seconds_bucket{{{decode}}}[60s]))",
+    }
 
 
 def test_label_values_are_escaped() -> None:
@@ -122,7 +134,61 @@ def test_source_builds_window() -> None:
     fake = _Fake()
     w = PrometheusSource("http://prom", client=fake).window("serving", "llama-8b", 10.0, 95, 60)
     assert w.prefill is not None and w.prefill.prompt_tokens_rate == 2.0
-    assert len(fake.queries) == 16
+    assert len(fake.queries) == 18  # 8 per role, one SLO histogram per role
+    assert w.ttft_buckets == () and w.tpot_buckets == ()  # answers without `le`
+
+
+def _bucket(le: str, value: str) -> dict[str, Any]:
+    return {"metric": {"le": le}, "value": [10.0, value]}
+
+
+BUCKETS = [_bucket("+Inf", "3"), _bucket("0.5", "1"), _bucket("1.0", "2.5")]
+
+
+@pytest.mark.parametrize(
+    ("name", "answer", "want"),
+    [
+        ("real shape", BUCKETS, ((0.5, 1.0), (1.0, 2.5), (math.inf, 3.0))),
+        ("one bound written twice", [*BUCKETS, _bucket("0.50", "1")],
+         ((0.5, 2.0), (1.0, 2.5), (math.inf, 3.0))),
+        ("empty vector", [], ()),
+        ("a sample without le", [*BUCKETS, {"metric": {}, "value": [10.0, "1"]}], ()),
+        ("a NaN rate", [*BUCKETS, _bucket("2.5", "NaN")], ()),
+        ("a bad bound", [*BUCKETS, _bucket("fast", "1")], ()),
+        ("not a vector", {"result": BUCKETS}, ()),
+        ("garbage sample", [*BUCKETS, "le"], ()),
+    ],
+)  # fmt: skip
+def test_parse_buckets(name: str, answer: object, want: tuple[tuple[float, float], ...]) -> None:
+    assert parse_buckets(answer) == want, name
+
+
+class _Histograms(_Fake):
+    """Answers the bucket queries with BUCKETS (or fails them), everything else with 2."""
+
+    def __init__(self, buckets_fail: bool = False) -> None:
+        super().__init__()
+        self.buckets_fail = buckets_fail
+
+    def custom_query(self, query: str) -> list[dict[str, Any]]:
+        if not query.startswith("sum by (le)"):
+            return super().custom_query(query)
+        if self.buckets_fail:
+            raise ConnectionError("down")
+        return BUCKETS
+
+
+def test_the_window_carries_the_slo_histograms() -> None:
+    w = PrometheusSource("http://prom", client=_Histograms()).window("n", "s", 10.0, 95, 60)
+    assert w.ttft_buckets == w.tpot_buckets == ((0.5, 1.0), (1.0, 2.5), (math.inf, 3.0))
+
+
+def test_a_failed_histogram_query_leaves_the_policy_its_window() -> None:
+    w = PrometheusSource("http://prom", client=_Histograms(buckets_fail=True)).window(
+        "n", "s", 10.0, 95, 60
+    )
+    assert w.ttft_buckets == w.tpot_buckets == ()
+    assert metrics_problem(10.0, CFG, w) is None
 
 
 def test_source_down_means_missing() -> None:

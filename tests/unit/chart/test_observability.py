@@ -163,6 +163,16 @@ PROMTOOL_TESTS: dict[str, Any] = {
                 {"series": 'pdfleet_slo_target_seconds{namespace="serving",'
                            'pdfleet_service="llama",slo="ttft",pod="op-0"}',
                  "values": "0.5x20"},
+                # 80 % of requests meet both targets, each target alone more: only the
+                # series for both may fire PdfleetSLOAttainmentLow (objective 90 %).
+                *({"series": 'pdfleet_slo_attainment_ratio{namespace="serving",'
+                             f'pdfleet_service="llama",slo="{slo}",pod="op-0"}}',
+                   "values": f"{share}x20"}
+                  for slo, share in (("ttft", 0.99), ("itl", 0.81), ("both", 0.8))),
+                # Another service at 95 % for both.
+                {"series": 'pdfleet_slo_attainment_ratio{namespace="serving",'
+                           'pdfleet_service="qwen",slo="both",pod="op-0"}',
+                 "values": "0.95x20"},
                 # Ready decode workers but no vLLM series from them.
                 {"series": 'pdfleet_pool_replicas{namespace="serving",pdfleet_service="llama",'
                            'pdfleet_role="decode",state="ready",pod="op-0"}',
@@ -180,6 +190,11 @@ PROMTOOL_TESTS: dict[str, Any] = {
                      "severity": "warning", "team": "inference",
                      "namespace": "serving", "pdfleet_service": "llama"}}]},
                 {"eval_time": "15m", "alertname": "PdfleetITLAboveSLO", "exp_alerts": []},
+                {"eval_time": "5m", "alertname": "PdfleetSLOAttainmentLow", "exp_alerts": []},
+                {"eval_time": "15m", "alertname": "PdfleetSLOAttainmentLow",
+                 "exp_alerts": [{"exp_labels": {
+                     "severity": "warning", "team": "inference",
+                     "namespace": "serving", "pdfleet_service": "llama"}}]},
                 {"eval_time": "15m", "alertname": "PdfleetWorkerMetricsMissing",
                  "exp_alerts": [{"exp_labels": {
                      "severity": "warning", "team": "inference", "namespace": "serving",

@@ -19,6 +19,7 @@ from pdfleet.controller import Controller, rejection_message
 from pdfleet.reconcile.observed import Observed
 from tests.spec_cases import sample
 from tests.unit.fakes import Writer
+from tests.unit.operator_metrics import counted, labels
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 REFUSALS = {
@@ -62,7 +63,9 @@ def _conditions(status: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
 @pytest.mark.parametrize("code", [400, 403, 422, 500])
 def test_a_refused_child_stalls_the_service_with_one_event(code: int) -> None:
     writer = RefusingWriter(code)
-    result = Controller(writer, clock=lambda: NOW).reconcile(_body(), Observed())  # type: ignore[arg-type]
+    with counted("pdfleet_reconcile_errors_total") as errors:
+        result = Controller(writer, clock=lambda: NOW).reconcile(_body(), Observed())  # type: ignore[arg-type]
+    assert errors == {labels(reason=str(code)): 1.0}  # the pass ended normally, but failed
     assert result.status_written
     conditions = _conditions(writer.last_status)
     assert conditions["Stalled"] == ("True", "ChildRejected")
@@ -79,8 +82,14 @@ def test_a_refused_child_stalls_the_service_with_one_event(code: int) -> None:
 
 
 def test_a_transient_error_still_raises_for_a_retry() -> None:
-    with pytest.raises(ApiException):
+    with (
+        counted("pdfleet_reconcile_errors_total") as errors,
+        counted("pdfleet_reconcile_duration_seconds_count") as passes,
+        pytest.raises(ApiException),
+    ):
         Controller(RefusingWriter(503), clock=lambda: NOW).reconcile(_body(), Observed())  # type: ignore[arg-type]
+    assert errors == {labels(reason="503"): 1.0}
+    assert passes == {labels(): 1.0}  # a failed pass is timed too
 
 
 def test_rejection_message_without_a_json_body() -> None:

@@ -804,7 +804,10 @@ class SLOStatus(ApiModel):
     itl: str = Field("", description="Measured/target ITL, for kubectl get.")
     window: str = Field("", description="Window the figures cover.")
     attainment: float | None = Field(
-        None, description="Share of recent requests meeting both targets, estimated."
+        None,
+        description="Estimated share of the window's requests meeting both targets, from "
+        "the TTFT and per-request time-per-output-token histograms; absent when their "
+        "buckets cannot place a target.",
     )
 
 

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from pdfleet import labels, metrics
 from pdfleet.api.types import format_duration, parse_duration
 from pdfleet.api.v1alpha1 import CapacityHintSpec, InferenceService
+from pdfleet.autoscale.attainment import slo_attainment
 from pdfleet.autoscale.policy import (
     Decision,
     MetricsWindow,
@@ -35,6 +36,7 @@ from pdfleet.reconcile.observed import Observed
 log = logging.getLogger(__name__)
 
 METRICS_AVAILABLE = "MetricsAvailable"
+BUDGET_LIMITED = "BudgetLimited"
 
 
 class MetricsSource(Protocol):
@@ -119,6 +121,23 @@ def describe(before: Mapping[str, int], after: Mapping[str, int]) -> str:
     return ", ".join(parts)
 
 
+def decision_reason(decision: Decision, latency_s: float, target_s: float) -> str:
+    """One pool's reason in pdfleet_autoscaler_decisions_total, from a short fixed list: the
+    policy's reasons are sentences with figures in them, a new series for nearly every
+    decision. A hold without usable metrics says why (MetricsMissing, MetricsStale,
+    MetricsNaN); otherwise OverTarget (the pool's latency, as in status.slo, is over its
+    target), GPUBudget (the budget bounded the decision) or Load (sized on load and the
+    learned capacity)."""
+    conditions = {c.type: c for c in decision.conditions}
+    available = conditions.get(METRICS_AVAILABLE)
+    if available is not None and available.status != "True":
+        return available.reason
+    if latency_s > target_s:
+        return "OverTarget"
+    budget = conditions.get(BUDGET_LIMITED)
+    return "GPUBudget" if budget is not None and budget.status == "True" else "Load"
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What one decision changes: desired counts and the status fields the autoscaler owns."""
@@ -129,6 +148,10 @@ class Outcome:
     condition: dict[str, str]
     events: tuple[tuple[str, str, str], ...]
     """(type, reason, message) Events to record on the InferenceService."""
+    attainment: dict[str, float]
+    """Estimated SLO attainment per SLO (`attainment.SLOS`), NaN where unknown."""
+    reasons: dict[str, str]
+    """Per pool, the decision's reason for the decisions counter (`decision_reason`)."""
 
 
 def outcome_of(
@@ -162,6 +185,14 @@ def outcome_of(
         slo["ttftSeconds"] = round(ttft, 4)
     if not math.isnan(itl):
         slo["itlSeconds"] = round(itl, 4)
+    attainment = slo_attainment(
+        window.ttft_buckets if window else (),
+        window.tpot_buckets if window else (),
+        config.ttft_target_s,
+        config.itl_target_s,
+    )
+    if not math.isnan(attainment["both"]):
+        slo["attainment"] = round(attainment["both"], 4)
     available = next((c for c in decision.conditions if c.type == METRICS_AVAILABLE), None)
     condition = {
         "type": METRICS_AVAILABLE,
@@ -176,7 +207,11 @@ def outcome_of(
         events.append(
             ("Warning", "MetricsUnavailable", condition["message"] or condition["reason"])
         )
-    return Outcome(desired, autoscaler, slo, condition, tuple(events))
+    reasons = {
+        labels.ROLE_PREFILL: decision_reason(decision, ttft, config.ttft_target_s),
+        labels.ROLE_DECODE: decision_reason(decision, itl, config.itl_target_s),
+    }
+    return Outcome(desired, autoscaler, slo, condition, tuple(events), attainment, reasons)
 
 
 @dataclass
@@ -257,10 +292,12 @@ def _export_metrics(
 ) -> None:
     for role, count in outcome.desired.items():
         direction = "up" if count > before[role] else "down" if count < before[role] else "hold"
-        reason = outcome.autoscaler["reason"].split(";")[0][:64]
+        reason = outcome.reasons[role]
         metrics.AUTOSCALER_DECISIONS.labels(namespace, name, role, direction, reason).inc()
     metrics.SLO_TARGET.labels(namespace, name, "ttft").set(config.ttft_target_s)
     metrics.SLO_TARGET.labels(namespace, name, "itl").set(config.itl_target_s)
     for slo, key in (("ttft", "ttftSeconds"), ("itl", "itlSeconds")):
-        if key in outcome.slo:
-            metrics.SLO_OBSERVED.labels(namespace, name, slo).set(outcome.slo[key])
+        observed = outcome.slo.get(key, math.nan)
+        metrics.set_or_clear(metrics.SLO_OBSERVED, (namespace, name, slo), observed)
+    for slo, share in outcome.attainment.items():
+        metrics.set_or_clear(metrics.SLO_ATTAINMENT, (namespace, name, slo), share)

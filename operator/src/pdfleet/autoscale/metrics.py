@@ -6,17 +6,23 @@ into numbers is `parse_sample`/`to_role_metrics` (pure). What the policy then ho
 (`MetricsAvailable=False`): a failed query or an empty answer (no series) makes the role
 missing (`MetricsMissing`); a series whose value is NaN, infinite or negative is NaN
 (`MetricsNaN`); and the window is as old as the oldest answer's evaluation time
-(`MetricsStale` past `PolicyConfig.metrics_max_age_s`).
+(`MetricsStale` past `PolicyConfig.metrics_max_age_s`). The SLO histograms' buckets
+(`parse_buckets`) do not feed the policy: a failed or unusable answer only leaves SLO
+attainment unknown.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
+from pdfleet.autoscale.attainment import Buckets
 from pdfleet.autoscale.policy import MetricsWindow, RoleMetrics
-from pdfleet.autoscale.promql import Target, role_queries
+from pdfleet.autoscale.promql import Target, role_queries, slo_bucket_queries
+
+T = TypeVar("T")
 
 
 class _Client(Protocol):
@@ -57,6 +63,25 @@ def parse_scalar(result: object) -> float:
     """The value of a one-sample instant-vector answer; NaN when empty or unusable."""
     sample = parse_sample(result)
     return math.nan if sample is None else sample[0]
+
+
+def parse_buckets(result: object) -> Buckets:
+    """A histogram's buckets from a `sum by (le)` answer, by ascending bound; empty when the
+    answer is empty or any sample is unusable (no `le`, a value that is not a finite rate):
+    a histogram with a bucket missing would misplace every share above it."""
+    if not isinstance(result, list):
+        return ()
+    rates: defaultdict[float, float] = defaultdict(float)
+    for sample in result:
+        try:
+            bound = float(sample["metric"]["le"])
+            rate = _finite_or_nan(sample["value"][1], positive=True)
+        except (KeyError, IndexError, TypeError, ValueError):
+            return ()
+        if math.isnan(bound) or math.isnan(rate):
+            return ()
+        rates[bound] += rate  # "0.5" and "0.50" are one bound written twice
+    return tuple(sorted(rates.items()))
 
 
 RATES = ("request_rate", "prompt_tokens_rate", "generation_tokens_rate")
@@ -105,11 +130,11 @@ class PrometheusSource:
             )
         self._client = client
 
-    def _query(self, query: str, failed: list[Exception]) -> Sample | None:
+    def _query(self, query: str, failed: list[Exception], parse: Callable[[object], T]) -> T | None:
         if failed:  # one failure ends this window's reads: the rest would fail the same way
             return None
         try:
-            return parse_sample(self._client.custom_query(query))
+            return parse(self._client.custom_query(query))
         except Exception as error:  # network or server error: the policy holds (missing)
             failed.append(error)
             return None
@@ -125,14 +150,20 @@ class PrometheusSource:
         times = []
         for role in ("prefill", "decode"):
             queries = role_queries(Target(namespace, service, role), percentile, window_s)
-            samples = {k: self._query(q, failed) for k, q in queries.items()}
+            samples = {k: self._query(q, failed, parse_sample) for k, q in queries.items()}
             times += [s[1] for s in samples.values() if s is not None and math.isfinite(s[1])]
             roles[role] = to_role_metrics(
                 {k: None if s is None else s[0] for k, s in samples.items()}
             )
+        slo = {
+            k: self._query(q, failed, parse_buckets) or ()
+            for k, q in slo_bucket_queries(namespace, service, window_s).items()
+        }
         return MetricsWindow(
             at_s=min(times, default=now_s),
             window_s=window_s,
             prefill=roles["prefill"],
             decode=roles["decode"],
+            ttft_buckets=slo["ttft_buckets"],
+            tpot_buckets=slo["tpot_buckets"],
         )

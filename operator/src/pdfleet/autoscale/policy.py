@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pdfleet.autoscale import capacity as cap
+from pdfleet.autoscale.attainment import Buckets
 
 Role = Literal["prefill", "decode"]
 _MAX_TREND = 0.25
@@ -141,6 +142,11 @@ class MetricsWindow:
     window_s: float
     prefill: RoleMetrics | None
     decode: RoleMetrics | None
+    # Bucket rates of the prefill pods' TTFT and of the decode pods' per-request time per
+    # output token: what SLO attainment is estimated from (`attainment.py`), not read by the
+    # policy. Empty when unknown.
+    ttft_buckets: Buckets = ()
+    tpot_buckets: Buckets = ()
 
 
 @dataclass(frozen=True)

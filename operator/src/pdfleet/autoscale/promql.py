@@ -17,6 +17,7 @@ NAMESPACE_LABEL = "namespace"
 
 TTFT = "vllm:time_to_first_token_seconds"
 ITL = "vllm:inter_token_latency_seconds"
+TPOT = "vllm:request_time_per_output_token_seconds"
 REQUESTS = "vllm:request_success_total"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
@@ -48,11 +49,16 @@ class Target:
         )
 
 
+def buckets(target: Target, histogram: str, window_s: float) -> str:
+    """A histogram's bucket rates in the window, summed over the role's pods: one sample
+    per bucket, labelled `le`."""
+    selector = target.selector(f"{histogram}_bucket")
+    return f"sum by (le) (rate({selector}[{duration(window_s)}]))"
+
+
 def quantile(target: Target, histogram: str, percentile: float, window_s: float) -> str:
     """The percentile of a histogram over the role's pods, from bucket rates in the window."""
-    q = percentile / 100.0
-    buckets = target.selector(f"{histogram}_bucket")
-    return f"histogram_quantile({q:g}, sum by (le) (rate({buckets}[{duration(window_s)}])))"
+    return f"histogram_quantile({percentile / 100.0:g}, {buckets(target, histogram, window_s)})"
 
 
 def rate(target: Target, counter: str, window_s: float) -> str:
@@ -102,4 +108,14 @@ def role_queries(target: Target, percentile: float, window_s: float) -> dict[str
         "generation_tokens_rate": rate(target, GENERATION_TOKENS, window_s),
         "num_requests_waiting": gauge_sum(target, WAITING, window_s),
         "kv_cache_usage": gauge_mean(target, KV_USAGE, window_s),
+    }
+
+
+def slo_bucket_queries(namespace: str, service: str, window_s: float) -> dict[str, str]:
+    """The histograms SLO attainment is estimated from (`attainment.py`), keyed by the
+    `policy.MetricsWindow` field each fills: the prefill pods' TTFT, the decode pods'
+    per-request time per output token (a request's mean ITL)."""
+    return {
+        "ttft_buckets": buckets(Target(namespace, service, "prefill"), TTFT, window_s),
+        "tpot_buckets": buckets(Target(namespace, service, "decode"), TPOT, window_s),
     }
