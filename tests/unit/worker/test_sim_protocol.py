@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,20 +73,40 @@ def test_recompute_policy_and_successful_pull(tmp_path: Path) -> None:
         d.stop()
 
 
+def _running(sim: SimProc) -> float:
+    text = httpx.get(f"{sim.url}/metrics", timeout=5.0).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:num_requests_running{")
+    )
+
+
+def _until(predicate: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
 def test_sigterm_drains_in_flight_then_exits(tmp_path: Path) -> None:
-    sim = start_sim(str(tmp_path), extra=[*FAST, "--shutdown-timeout", "10"])
+    # Steps wait for what they need rather than sleeping: on a loaded machine the request may
+    # reach the engine late, and the signal may be handled after the next request arrives.
+    sim = start_sim(str(tmp_path), extra=[*FAST, "--shutdown-timeout", "30"])
     try:
         result: list[httpx.Response] = []
-        t = threading.Thread(target=lambda: result.append(_post(sim, {"max_tokens": 2000})))
-        t.start()  # 2000 tokens x ~5 ms x 0.1 = ~1 s wall
-        time.sleep(0.2)
+        t = threading.Thread(target=lambda: result.append(_post(sim, {"max_tokens": 6000})))
+        t.start()  # 6000 tokens x ~5 ms x 0.1 = ~3 s wall
+        _until(lambda: _running(sim) >= 1, 10.0)
         sim.signal(signal.SIGTERM)
-        time.sleep(0.02)
-        late = _post(sim, {"max_tokens": 1})
-        assert late.status_code == 503
-        t.join(10)
+        late: list[int] = []
+        _until(
+            lambda: late.append(_post(sim, {"max_tokens": 1}).status_code) or late[-1] == 503, 10.0
+        )
+        assert t.is_alive(), "the in-flight request ended before the drain was seen"
+        t.join(30)
         assert result and result[0].status_code == 200
-        assert result[0].json()["usage"]["completion_tokens"] == 2000
+        assert result[0].json()["usage"]["completion_tokens"] == 6000
         assert sim.popen.wait(10) == 0
     finally:
         sim.stop()
