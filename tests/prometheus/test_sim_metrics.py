@@ -293,6 +293,7 @@ def test_the_fault_suites_prometheus_proxy_gives_each_reason(
         config = PolicyConfig(ttft_target_s=1.0, itl_target_s=0.05)
         assert metrics_problem(time.time(), config, m) == reason
         queries = 2 * len(promql.role_queries(promql.Target(NAMESPACE, SERVICE, "x"), 50, 60))
+        queries += len(promql.slo_bucket_queries(NAMESPACE, SERVICE, 60))  # SLO attainment
         assert proxy.rewritten == (0 if mode == "pass" else queries)
 
 
