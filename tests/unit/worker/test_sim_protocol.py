@@ -1,18 +1,84 @@
-"""The simulator's NIXL P/D edge cases and SIGTERM drain, against real processes."""
+"""The simulator's wire protocol against vLLM 0.33 (dataplane.md): /v1/models, in
+process; its NIXL P/D edge cases and SIGTERM drain, against real processes."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import re
 import signal
 import threading
 import time
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from pdfleet_worker.sim.procs import SimProc, start_sim
+from pdfleet_worker.sim.server import build_parser, build_sim
 
 FAST = ["--preset", "llama-3.1-8b-h200", "--time-scale", "0.1"]
+MODEL_PATH = "meta-llama/Llama-3.1-8B-Instruct"
+SERVED = "llama-8b"
+
+
+@contextlib.asynccontextmanager
+async def in_process(extra: Sequence[str] = ()) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the simulator that `pdfleet-sim MODEL_PATH ...` would run, with its
+    engine loop on this event loop and no sockets."""
+    args = build_parser().parse_args(
+        [MODEL_PATH, "--served-model-name", SERVED, "--time-scale", "0.01", *extra]
+    )
+    sim = build_sim(args)
+    stepping = asyncio.create_task(sim.engine.run())
+    transport = httpx.ASGITransport(app=sim.app())
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://sim") as client:
+            yield client
+    finally:
+        stepping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stepping
+
+
+# ----- /v1/models ---------------------------------------------------------------------
+
+
+async def test_models_is_vllm_model_list() -> None:
+    async with in_process(["--max-model-len", "4096"]) as client:
+        r = await client.get("/v1/models")
+    assert r.status_code == 200
+    body = r.json()
+    assert set(body) == {"object", "data"} and body["object"] == "list"
+    [card] = body["data"]
+    [permission] = card.pop("permission")
+    assert isinstance(card.pop("created"), int)
+    # ModelCard: `id` the served name, `root` the model `vllm serve` loaded.
+    assert card == {
+        "id": SERVED,
+        "object": "model",
+        "owned_by": "vllm",
+        "root": MODEL_PATH,
+        "parent": None,
+        "max_model_len": 4096,
+    }
+    assert re.fullmatch(r"modelperm-[0-9a-f]{32}", permission.pop("id"))
+    assert isinstance(permission.pop("created"), int)
+    # ModelPermission's defaults: sampling, logprobs and view allowed, nothing else.
+    allowed = ("sampling", "logprobs", "view")
+    denied = ("create_engine", "search_indices", "fine_tuning")
+    assert permission == {
+        "object": "model_permission",
+        **{f"allow_{a}": True for a in allowed},
+        **{f"allow_{a}": False for a in denied},
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
+
+
+# ----- real processes: NIXL P/D edge cases and drain ------------------------------------
 
 
 def _post(sim: SimProc, body: dict[str, Any]) -> httpx.Response:
