@@ -1,10 +1,12 @@
-"""The simulator's wire protocol against vLLM 0.33 (dataplane.md): /v1/models, in
-process; its NIXL P/D edge cases and SIGTERM drain, against real processes."""
+"""The simulator's wire protocol against vLLM 0.33 (dataplane.md): the prefill's
+`kv_transfer_params` and /v1/models, in process; its NIXL P/D edge cases and SIGTERM drain,
+against real processes."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import signal
 import threading
@@ -40,6 +42,111 @@ async def in_process(extra: Sequence[str] = ()) -> AsyncIterator[httpx.AsyncClie
         stepping.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await stepping
+
+
+# ----- the prefill's kv_transfer_params ----------------------------------------------------
+
+# What vllm-router (and vLLM's toy proxy) put in the prefill request.
+ROUTER_PREFILL_PARAMS = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+# The fields and types of 0.33 NixlPullConnectorScheduler.request_finished (dataplane.md 1.3).
+PREFILL_RESPONSE_TYPES: dict[str, type] = {
+    "do_remote_prefill": bool,
+    "do_remote_decode": bool,
+    "remote_block_ids": list,
+    "remote_engine_id": str,
+    "remote_request_id": str,
+    "remote_host": str,
+    "remote_port": int,
+    "tp_size": int,
+    "dcp_size": int,
+    "pp_size": int,
+    "remote_num_tokens": int,
+    "remote_blocks_expiry_time": type(None),
+    "remote_registration_generation": int,
+    "transfer_mode": str,
+}
+PREFILL_WORKER = [
+    "--tensor-parallel-size",
+    "2",
+    "--side-channel-host",
+    "10.244.1.7",
+    "--side-channel-port",
+    "5601",
+    "--kv-transfer-config",
+    '{"kv_connector":"NixlConnector","kv_role":"kv_producer","engine_id":"prefill-a"}',
+]
+
+
+def _assert_prefill_params(params: Any, prompt_tokens: int, request_id: str) -> None:
+    assert isinstance(params, dict)
+    assert {k: type(v) for k, v in params.items()} == PREFILL_RESPONSE_TYPES
+    blocks = params.pop("remote_block_ids")
+    # 0.20+: one list of block ids per KV-cache group; Llama has one group (full attention).
+    assert len(blocks) == 1 and all(type(b) is int for b in blocks[0]), blocks
+    assert len(set(blocks[0])) == len(blocks[0]) == -(-prompt_tokens // 16)  # 16-token blocks
+    # The P-side internal id: the response id plus vLLM's "-<8 hex>" suffix.
+    assert re.fullmatch(rf"{re.escape(request_id)}-[0-9a-f]{{8}}", params.pop("remote_request_id"))
+    assert params == {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_engine_id": "prefill-a",
+        "remote_host": "10.244.1.7",  # VLLM_NIXL_SIDE_CHANNEL_HOST
+        "remote_port": 5601,  # VLLM_NIXL_SIDE_CHANNEL_PORT + DP index 0
+        "tp_size": 2,
+        "dcp_size": 1,
+        "pp_size": 1,
+        "remote_num_tokens": prompt_tokens,
+        "remote_blocks_expiry_time": None,
+        "remote_registration_generation": 1,
+        "transfer_mode": "pull",
+    }
+
+
+async def test_prefill_response_carries_vllm_033_kv_transfer_params() -> None:
+    prompts = {
+        "/v1/completions": {"prompt": list(range(100))},
+        "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi " * 40}]},
+    }
+    async with in_process(PREFILL_WORKER) as client:
+        for path, prompt in prompts.items():
+            body = {"model": SERVED, **prompt, "max_tokens": 1, "stream": False}
+            r = await client.post(
+                path,
+                headers={"X-Request-Id": "r1"},
+                json={**body, "kv_transfer_params": ROUTER_PREFILL_PARAMS},
+            )
+            assert r.status_code == 200, r.text
+            out = r.json()
+            assert out["choices"][0]["finish_reason"] == "length"  # max_tokens=1
+            assert out["id"] == ("cmpl-r1" if path == "/v1/completions" else "chatcmpl-r1")
+            tokens = out["usage"]["prompt_tokens"]
+            _assert_prefill_params(out["kv_transfer_params"], tokens, out["id"])
+        # Streaming: the params ride on the final chunk only.
+        r = await client.post(
+            "/v1/completions",
+            headers={"X-Request-Id": "r2"},
+            json={
+                "model": SERVED,
+                "prompt": list(range(100)),
+                "max_tokens": 1,
+                "stream": True,
+                "kv_transfer_params": ROUTER_PREFILL_PARAMS,
+            },
+        )
+        lines = r.text.splitlines()
+        chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        assert ["kv_transfer_params" in c for c in chunks] == [False] * (len(chunks) - 1) + [True]
+        _assert_prefill_params(chunks[-1]["kv_transfer_params"], 100, "cmpl-r2")
+        # A plain request (no do_remote_decode) gets no params: its blocks are freed.
+        r = await client.post("/v1/completions", json={"prompt": "a b", "max_tokens": 1})
+        assert r.json()["kv_transfer_params"] is None
 
 
 # ----- /v1/models ---------------------------------------------------------------------
