@@ -1,12 +1,13 @@
 """The simulator's wire protocol against vLLM 0.33 (dataplane.md): the prefill's
-`kv_transfer_params` and /v1/models, in process; its NIXL P/D edge cases and SIGTERM drain,
-against real processes."""
+`kv_transfer_params`, /metrics and /v1/models, in process; its NIXL P/D edge cases and
+SIGTERM drain, against real processes."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import math
 import re
 import signal
 import threading
@@ -16,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
+from pdfleet.autoscale import promql
 from pdfleet_worker.sim.procs import SimProc, start_sim
 from pdfleet_worker.sim.server import build_parser, build_sim
 
@@ -149,7 +152,115 @@ async def test_prefill_response_carries_vllm_033_kv_transfer_params() -> None:
         assert r.json()["kv_transfer_params"] is None
 
 
-# ----- /v1/models ---------------------------------------------------------------------
+# ----- /metrics and /v1/models ------------------------------------------------------------
+
+# vLLM's bucket boundaries (v1/metrics/buckets.py, dataplane.md 2), written out here rather
+# than read from the simulator so that a wrong boundary there fails.
+TTFT_BUCKETS = (
+    *(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75),
+    *(1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
+)
+ITL_BUCKETS = (
+    *(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75),
+    *(1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0),
+)
+LATENCY_BUCKETS = (
+    *(0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0),
+    *(120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0),
+)
+# The 1-2-5 series up to --max-model-len 4096.
+TOKEN_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)
+# vLLM 0.33's metrics as registered (counters gain `_total` on the wire), with the bucket
+# boundaries of each histogram; None where dataplane.md gives none.
+VLLM_033_METRICS: dict[str, tuple[str, tuple[float, ...] | None]] = {
+    "vllm:num_requests_running": ("gauge", None),
+    "vllm:num_requests_waiting": ("gauge", None),
+    "vllm:num_requests_waiting_by_reason": ("gauge", None),
+    "vllm:kv_cache_usage_perc": ("gauge", None),
+    "vllm:prefix_cache_queries": ("counter", None),
+    "vllm:prefix_cache_hits": ("counter", None),
+    "vllm:external_prefix_cache_queries": ("counter", None),
+    "vllm:external_prefix_cache_hits": ("counter", None),
+    "vllm:num_preemptions": ("counter", None),
+    "vllm:prompt_tokens": ("counter", None),
+    "vllm:generation_tokens": ("counter", None),
+    "vllm:request_success": ("counter", None),
+    "vllm:request_prompt_tokens": ("histogram", TOKEN_BUCKETS),
+    "vllm:request_generation_tokens": ("histogram", TOKEN_BUCKETS),
+    "vllm:request_params_max_tokens": ("histogram", TOKEN_BUCKETS),
+    "vllm:request_max_num_generation_tokens": ("histogram", TOKEN_BUCKETS),
+    "vllm:iteration_tokens_total": (
+        "histogram",
+        (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0),
+    ),
+    "vllm:request_params_n": ("histogram", (1.0, 2.0, 5.0, 10.0, 20.0)),
+    "vllm:time_to_first_token_seconds": ("histogram", TTFT_BUCKETS),
+    "vllm:inter_token_latency_seconds": ("histogram", ITL_BUCKETS),
+    "vllm:request_time_per_output_token_seconds": ("histogram", ITL_BUCKETS),
+    "vllm:e2e_request_latency_seconds": ("histogram", LATENCY_BUCKETS),
+    "vllm:request_queue_time_seconds": ("histogram", LATENCY_BUCKETS),
+    "vllm:request_inference_time_seconds": ("histogram", LATENCY_BUCKETS),
+    "vllm:request_prefill_time_seconds": ("histogram", LATENCY_BUCKETS),
+    "vllm:request_decode_time_seconds": ("histogram", LATENCY_BUCKETS),
+    "vllm:request_num_preemptions": ("histogram", (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)),
+    # NixlConnector (nixl/stats.py): bytes buckets 2^(10+i), i = 1, 3, ..., 23.
+    "vllm:nixl_xfer_time_seconds": ("histogram", None),
+    "vllm:nixl_post_time_seconds": ("histogram", None),
+    "vllm:nixl_bytes_transferred": ("histogram", tuple(2.0 ** (10 + i) for i in range(1, 24, 2))),
+    "vllm:nixl_num_descriptors": ("histogram", None),
+    "vllm:nixl_num_failed_transfers": ("counter", None),
+    "vllm:nixl_num_failed_notifications": ("counter", None),
+    "vllm:nixl_num_kv_expired_reqs": ("counter", None),
+    "vllm:nixl_num_notifications_after_expiry": ("counter", None),
+}
+FINISHED_REASONS = {"stop", "length", "abort", "error", "repetition"}
+# What pdfleet reads: the autoscaler's PromQL and the drain hook (running + waiting).
+READ_BY_PDFLEET = {
+    promql.TTFT,
+    promql.ITL,
+    promql.REQUESTS,
+    promql.PROMPT_TOKENS,
+    promql.GENERATION_TOKENS,
+    promql.WAITING,
+    promql.KV_USAGE,
+    "vllm:num_requests_running",
+}
+
+
+async def test_metrics_exposition_is_vllm_033s() -> None:
+    async with in_process(["--max-model-len", "4096"]) as client:
+        r = await client.post("/v1/completions", json={"prompt": "a b c", "max_tokens": 3})
+        assert r.status_code == 200
+        r = await client.get("/metrics")
+    assert r.status_code == 200
+    media_type, *params = (part.strip() for part in r.headers["content-type"].split(";"))
+    assert (media_type, params[0]) == ("text/plain", "version=0.0.4")
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}
+    wire_names = set()
+    for name, family in families.items():
+        assert name in VLLM_033_METRICS, f"{name} is not a vLLM 0.33 metric"
+        kind, buckets = VLLM_033_METRICS[name]
+        assert family.type == kind, name
+        for sample in family.samples:
+            wire_names.add(sample.name)
+            labels = dict(sample.labels)
+            assert labels.pop("model_name") == SERVED and labels.pop("engine") == "0", sample
+            if kind == "counter":
+                assert sample.name == f"{name}_total", sample
+            if name == "vllm:request_success":
+                assert labels.pop("finished_reason") in FINISHED_REASONS, sample
+            if sample.name.endswith("_bucket"):
+                labels.pop("le")
+            assert labels == {}, sample
+        if kind == "histogram" and buckets is not None:
+            les = [float(s.labels["le"]) for s in family.samples if s.name.endswith("_bucket")]
+            assert les == [*buckets, math.inf], name
+    assert {n.removesuffix("_bucket") for n in wire_names} >= READ_BY_PDFLEET
+    # The request above shows up where vLLM would count it.
+    got = {s.name: s.value for f in families.values() for s in f.samples if not s.labels.get("le")}
+    assert got["vllm:prompt_tokens_total"] == 3 and got["vllm:generation_tokens_total"] == 3
+    assert got["vllm:time_to_first_token_seconds_count"] == 1
+    assert got["vllm:inter_token_latency_seconds_count"] == 2
 
 
 async def test_models_is_vllm_model_list() -> None:
