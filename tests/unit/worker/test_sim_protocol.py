@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from e2e.cluster import wait_until
 from pdfleet.autoscale import promql
 from pdfleet_worker.sim.procs import SimProc, start_sim
 from pdfleet_worker.sim.server import build_parser, build_sim
@@ -362,9 +363,12 @@ def test_sigterm_drains_in_flight_then_exits(tmp_path: Path) -> None:
         result: list[httpx.Response] = []
         t = threading.Thread(target=lambda: result.append(_post(sim, {"max_tokens": 2000})))
         t.start()  # 2000 tokens x ~5 ms x 0.1 = ~1 s wall
-        time.sleep(0.2)
+        # Signal only once the request runs, and post only once the drain began: fixed sleeps
+        # lost both races on a loaded machine (SIGTERM before the request arrived, the drain
+        # then over at once).
+        wait_until(lambda: sim.stats()["running"] == 1, 10, "the request to run", 0.01)
         sim.signal(signal.SIGTERM)
-        time.sleep(0.02)
+        wait_until(lambda: not sim.stats()["accepting"], 10, "the drain to begin", 0.01)
         late = _post(sim, {"max_tokens": 1})
         assert late.status_code == 503
         t.join(10)
