@@ -204,7 +204,8 @@ VLLM_033_METRICS: dict[str, tuple[str, tuple[float, ...] | None]] = {
     "vllm:request_prefill_time_seconds": ("histogram", LATENCY_BUCKETS),
     "vllm:request_decode_time_seconds": ("histogram", LATENCY_BUCKETS),
     "vllm:request_num_preemptions": ("histogram", (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)),
-    # NixlConnector (nixl/stats.py): bytes buckets 2^(10+i), i = 1, 3, ..., 23.
+    # NixlConnector (nixl/stats.py): bytes buckets 2^(10+i), i = 1, 3, ..., 23. dataplane.md
+    # names these; the types are those of vLLM's metrics docs (NIXL KV Connector Metrics).
     "vllm:nixl_xfer_time_seconds": ("histogram", None),
     "vllm:nixl_post_time_seconds": ("histogram", None),
     "vllm:nixl_bytes_transferred": ("histogram", tuple(2.0 ** (10 + i) for i in range(1, 24, 2))),
