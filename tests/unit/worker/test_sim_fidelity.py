@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,7 +69,12 @@ def test_single_request_ttft_and_itl_match_model(sim: SimProc) -> None:
         _stream_timestamps(client, sim.url, {**body, "max_tokens": 2})
         before = client.get(f"{sim.url}/metrics").text
         stamps = _stream_timestamps(client, sim.url, body)
-    assert len(stamps) == OUTPUT_TOKENS
+        # Two more requests: the client's clock runs on a shared, noisy machine, so the
+        # medians of three are compared (one request's figures are kept for the engine's
+        # own histograms below).
+        between = client.get(f"{sim.url}/metrics").text
+        runs = [stamps, *(_stream_timestamps(client, sim.url, body) for _ in range(2))]
+    assert all(len(run) == OUTPUT_TOKENS for run in runs)
 
     chunk = model.max_num_batched_tokens
     want_ttft = model.step_seconds([(chunk, 0)], 0, 0) + model.step_seconds(
@@ -78,21 +84,22 @@ def test_single_request_ttft_and_itl_match_model(sim: SimProc) -> None:
     assert want_ttft == pytest.approx(
         model.prefill_seconds(PROMPT_TOKENS) + model.prefill_a_ms / 1e3
     )
-    itls = [b - a for a, b in itertools.pairwise(stamps)]
     want_itl = sum(
         model.decode_step_seconds(1, PROMPT_TOKENS + k + 1) for k in range(OUTPUT_TOKENS - 1)
     ) / (OUTPUT_TOKENS - 1)
-    got_itl = sum(itls) / len(itls)
-    print(
-        f"TTFT client {stamps[0] * 1e3:.2f} ms vs model {want_ttft * 1e3:.2f} ms; "
-        f"ITL client {got_itl * 1e3:.3f} ms vs model {want_itl * 1e3:.3f} ms"
+    got_ttft = statistics.median(run[0] for run in runs)
+    got_itl = statistics.median(
+        statistics.fmean(b - a for a, b in itertools.pairwise(run)) for run in runs
     )
-    assert stamps[0] == pytest.approx(want_ttft, rel=0.05)
+    print(
+        f"TTFT client {got_ttft * 1e3:.2f} ms vs model {want_ttft * 1e3:.2f} ms; "
+        f"ITL client {got_itl * 1e3:.3f} ms vs model {want_itl * 1e3:.3f} ms (medians of 3)"
+    )
+    assert got_ttft == pytest.approx(want_ttft, rel=0.05)
     assert got_itl == pytest.approx(want_itl, rel=0.05)
 
     # The engine's own histograms carry the same figures (simulated seconds).
-    text = httpx.get(f"{sim.url}/metrics", timeout=5.0).text
     name = "vllm:time_to_first_token_seconds_sum"
-    assert _metric(text, name) - _metric(before, name) == pytest.approx(want_ttft, rel=0.02)
-    assert _metric(text, "vllm:generation_tokens_total") == OUTPUT_TOKENS + 2
-    assert _metric(text, "vllm:prompt_tokens_total") == 2 * PROMPT_TOKENS
+    assert _metric(between, name) - _metric(before, name) == pytest.approx(want_ttft, rel=0.02)
+    assert _metric(between, "vllm:generation_tokens_total") == OUTPUT_TOKENS + 2
+    assert _metric(between, "vllm:prompt_tokens_total") == 2 * PROMPT_TOKENS
