@@ -364,6 +364,10 @@ def _log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+# Each watch request ends after this long and starts again from a fresh listing.
+WATCH_S = 300
+
+
 class Watched(threading.Thread):
     """A watch that keeps ``summarize(obj)`` per object and how many of them are truthy.
 
@@ -391,31 +395,53 @@ class Watched(threading.Thread):
             self.values[key] = value
             self.truthy += bool(value)
 
+    @staticmethod
+    def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+        meta = obj["metadata"]
+        return meta.get("namespace", ""), meta["name"]
+
+    def _relist(self) -> str:
+        """Replace every value from a fresh listing; the resourceVersion to watch from.
+
+        A watch that dropped and started again without one misses the deletions made in
+        between (a 1,000-service run waited for 4,000 deleted pods that way), so every
+        (re)start lists first and then watches from the listing's version."""
+        resp = self.list_fn(*self.args, _preload_content=False, **self.kwargs)
+        listing = json.loads(resp.data)
+        fresh = {self._key(obj): self.summarize(obj) for obj in listing["items"]}
+        with self.changed:
+            self.values = {k: v for k, v in fresh.items() if v is not None}
+            self.truthy = sum(bool(v) for v in self.values.values())
+            self.changed.notify_all()
+        return str(listing["metadata"]["resourceVersion"])
+
     def run(self) -> None:
         while not self._halt.is_set():
             try:
+                version = self._relist()
                 stream = self._watch.stream(  # type: ignore[no-untyped-call]
-                    self.list_fn, *self.args, deserialize=False, **self.kwargs
+                    self.list_fn,
+                    *self.args,
+                    resource_version=version,
+                    deserialize=False,
+                    timeout_seconds=WATCH_S,
+                    _request_timeout=(10, WATCH_S + 30),  # a stalled stream raises
+                    **self.kwargs,
                 )
                 for event in stream:
-                    obj = event["object"]
                     if event["type"] in ("BOOKMARK", "ERROR"):
                         continue
-                    meta = obj["metadata"]
-                    key = (meta.get("namespace", ""), meta["name"])
+                    obj = event["object"]
                     value = None if event["type"] == "DELETED" else self.summarize(obj)
                     with self.changed:
-                        self._set(key, value)
+                        self._set(self._key(obj), value)
                         self.changed.notify_all()
-            except ApiException as error:  # 410 Gone: start over from a fresh listing
+            except ApiException as error:  # 410 Gone: the next pass lists afresh
                 if error.status != 410:
                     raise
-                with self.changed:
-                    self.values.clear()
-                    self.truthy = 0
-            except urllib3.exceptions.HTTPError:  # a dropped connection: watch again
+            except urllib3.exceptions.HTTPError:  # a dropped or stalled connection
                 if not self._halt.wait(1.0):
-                    _log("watch connection dropped; watching again")
+                    _log("watch connection dropped; listing and watching again")
 
     def wait(self, predicate: Callable[[Watched], bool], timeout_s: float, what: str) -> float:
         """Block until ``predicate(self)``; the monotonic time it first held."""
