@@ -175,8 +175,11 @@ def test_the_applied_manifest_shows_no_drift_after_the_autoscaler_acted(
 
 
 def test_the_operator_counts_decisions_by_a_fixed_reason(shift: Drive, fleet: Fleet) -> None:
-    service = f'namespace="{fleet.namespace}",pdfleet_service="{fleet.name}"'
-    series = {k: v for k, v in fleet.operator.metrics().items() if service in k}
+    # The exposition sorts labels by name, so each one is looked for on its own.
+    service = (f'namespace="{fleet.namespace}"', f'pdfleet_service="{fleet.name}"')
+    series = {
+        k: v for k, v in fleet.operator.metrics().items() if all(label in k for label in service)
+    }
     for key in sorted(k for k in series if k.startswith("pdfleet_slo_")):
         print(f"{key} {series[key]:g}")  # the SLO figures of the last decision
     decisions = {k: v for k, v in series.items() if k.startswith(DECISIONS)}
