@@ -315,6 +315,28 @@ def test_prefill_burst_and_backlog(name: str, prefill_metrics: RoleMetrics, want
     assert d.prefill == want, (name, d.reasons)
 
 
+@pytest.mark.parametrize(
+    ("name", "history", "want"),
+    [
+        # 100k peak, violating, 2 ready (27k planned each), 2 more asked for 60 s ago: the
+        # excess over the ready two (100k - 60k) accrues until those are ready (60 s), none
+        # over all four: (100k + 40k x 60 / 120) / 27k -> 5
+        ("starting replicas due in 60 s", [_hist(NOW - 75, 2, 1), _hist(NOW - 60, 4, 1)], 5),
+        # asked for 105 s ago: 15 s of excess, (100k + 5k) / 27k -> 4 (the starting two
+        # are the extra replica the violation asks for)
+        ("due in 15 s", [_hist(NOW - 120, 2, 1), _hist(NOW - 105, 4, 1)], 4),
+        # no scale-up in the history: the whole start-up, (100k + 40k) / 27k -> 6
+        ("when they come is unknown", [_hist(NOW - 60, 4, 1)], 6),
+    ],
+)
+def test_backlog_counts_replicas_already_starting(
+    name: str, history: list[Decision], want: int
+) -> None:
+    m = window(peaky(60_000, 100_000, ttft=3.0))
+    d = decide(CFG, NOW, rr(4, ready=2), rr(1), m, tuple(history))
+    assert d.prefill == want, (name, d.reasons)
+
+
 def _steady(at: float, p: int, d: int = 1, rec_p: int | None = None) -> Decision:
     return _hist(at, p, d, rec_p=p if rec_p is None else rec_p)
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from typing import Literal
 
 from pdfleet.autoscale import capacity as cap
@@ -311,14 +312,52 @@ def _trend(
     return max(0.0, cov / var) if var > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class Starting:
+    """Replicas of a role that have GPUs but are not ready yet, and when they will be."""
+
+    replicas: int = 0
+    ready_in_s: float = 0.0  # until the last of them is ready
+
+
+def starting(
+    role: Role,
+    replicas: RoleReplicas,
+    now_s: float,
+    config: PolicyConfig,
+    history: Sequence[Decision],
+) -> Starting:
+    """The role's starting replicas (Pending pods are not starting), ready one start-up after
+    the latest scale-up in the history; a whole start-up away when the history does not show
+    one (the safe side: the backlog then accrues over the ready replicas only). Replicas later
+    than expected are taken as due now."""
+    n = max(0, replicas.current - replicas.ready - replicas.pending)
+    if n == 0:
+        return Starting()
+    asked_at = None
+    for before, h in pairwise(history):
+        if h.desired(role) > before.desired(role):
+            asked_at = h.at_s
+    if asked_at is None:
+        return Starting(n, config.startup_s)
+    return Starting(n, min(config.startup_s, max(0.0, config.startup_s - (now_s - asked_at))))
+
+
 def forecast(
-    role: Role, view: _RoleView, capacity: float, ready: int, slope: float, config: PolicyConfig
+    role: Role,
+    view: _RoleView,
+    capacity: float,
+    ready: int,
+    slope: float,
+    config: PolicyConfig,
+    coming: Starting = Starting(),
 ) -> float:
     """Load the pool must carry once a replica started now is ready.
 
     The sizing load (prefill: the burst peak) plus the upward trend over start-up and one
     interval; for prefill also the backlog: the prompts queued now plus what a sustained
-    excess over the ready replicas adds during start-up, worked off within `backlog_drain_s`.
+    excess adds until a replica started now is ready (over the ready replicas until those
+    already starting are ready, then over all of them), worked off within `backlog_drain_s`.
     """
     lookahead = config.startup_s + config.interval_s
     # a trend is extrapolated, so it may add at most _MAX_TREND of the load (a cold start's
@@ -329,7 +368,12 @@ def forecast(
         # broken the peak is taken as sustained (the mean lags a step by a whole window)
         arriving = view.peak if view.latency > view.target else view.demand
         backlog = view.waiting * view.mean_prompt
-        backlog += max(0.0, arriving - ready * capacity) * config.startup_s
+        # replicas already starting take their share once they are ready: counting only the
+        # ready ones for the whole start-up asked for a second round of the same replicas
+        early = min(coming.ready_in_s, config.startup_s) if coming.replicas else 0.0
+        backlog += max(0.0, arriving - ready * capacity) * early
+        late = max(0.0, arriving - (ready + coming.replicas) * capacity)
+        backlog += late * (config.startup_s - early)
         load += backlog / config.backlog_drain_s
     return load
 
@@ -343,6 +387,7 @@ def recommend(
     slope: float,
     config: PolicyConfig,
     down_limit: float | None = None,
+    coming: Starting = Starting(),
 ) -> tuple[int, str]:
     """Raw replica recommendation for one role, before stabilization, and why.
 
@@ -361,7 +406,7 @@ def recommend(
         if view.latency < 0.5 * view.target and view.waiting == 0:
             return current - 1, f"{role}: well under target, capacity unknown"
         return current, f"{role}: capacity unknown, holding"
-    load = forecast(role, view, capacity, ready, slope, config)
+    load = forecast(role, view, capacity, ready, slope, config, coming)
     util = config.utilization(role)
     n = math.ceil(load / (capacity * util) - 1e-9)
     if n < current:
@@ -652,8 +697,9 @@ def decide(
     for r in ROLES:
         slope = _trend(r, views[r].demand, now_s, config, history)
         limit = _down_limit(r, learned, caps[r], views[r].target, config)
+        coming = starting(r, fleet[r], now_s, config, history)
         n, why = recommend(
-            r, views[r], caps[r], fleet[r].current, fleet[r].ready, slope, config, limit
+            r, views[r], caps[r], fleet[r].current, fleet[r].ready, slope, config, limit, coming
         )
         if (
             r == "decode"
