@@ -361,6 +361,29 @@ def test_no_reversal_inside_stabilization(name: str, history: list[Decision], wa
     assert stabilize("prefill", 1, 4, NOW, CFG, history) == want, name
 
 
+def _demanding(at: float, p: int, prompt: float) -> Decision:
+    """A steady decision at `p` replicas (load-based recommendation 1) that saw `prompt`."""
+    d = _hist(at, p, 1, rec_p=1)
+    assert d.observed is not None
+    return replace(d, observed=replace(d.observed, prefill_demand=prompt))
+
+
+@pytest.mark.parametrize(
+    ("name", "before", "now", "want"),
+    [
+        ("falling: one step down", 40_000, 20_000, 3),
+        ("flat: one step down", 20_000, 20_000, 3),
+        # the last minute's mean above the one before: shrinking now would be taken back
+        ("rising: no step down", 20_000, 40_000, 4),
+    ],
+)
+def test_no_scale_down_while_demand_rises(name: str, before: float, now: float, want: int) -> None:
+    history = (_demanding(NOW - 400, 4, before), _demanding(NOW - 60, 4, before))
+    d = decide(CFG, NOW, rr(4), rr(1), window(peaky(now, now)), history)
+    assert d.prefill == want, (name, d.reasons)
+    assert ("prefill: demand rising, not shrinking" in d.reasons) == (want == 4), d.reasons
+
+
 def test_busiest_recent_minute_keeps_prefill() -> None:
     # a burst of 80k (15 s peak) a minute ago, quiet now: 80k / (30k x 0.9) needs 3, not 1
     first = decide(CFG, NOW - 60, rr(3), rr(1), window(peaky(80_000, 80_000), at=NOW - 60))

@@ -21,7 +21,8 @@ has the details and the reasons:
 6. Feedback: a violating role never shrinks and gets at least one more replica than it has
    ready (replicas still starting count as that one); Pending pods are never capacity.
 7. Stabilize like the HPA, and never reverse a role's direction inside the scale-down
-   stabilization window; bound each step.
+   stabilization window; bound each step. A role does not shrink while its demand is
+   still rising (the last window's mean above the one before).
 8. Clamp to min/max, then fit the GPU budget, giving GPUs to the most loaded role and moving
    GPUs from a role with slack to one that violates.
 """
@@ -161,6 +162,9 @@ class Observed:
     prefill_ready: int
     decode_ready: int
 
+    def demand(self, role: Role) -> float:
+        return self.prefill_demand if role == "prefill" else self.decode_demand
+
 
 @dataclass(frozen=True)
 class Capacity:
@@ -288,6 +292,15 @@ def _stable_ready(
     return True
 
 
+def rising(
+    role: Role, demand: float, now_s: float, window_s: float, history: Sequence[Decision]
+) -> bool:
+    """True when the role's demand (window mean) is above that of the window before (the
+    latest decision at least one window old): a load still rising takes a scale-down back."""
+    before = [h.observed for h in history if h.observed is not None and now_s - h.at_s >= window_s]
+    return bool(before) and demand > before[-1].demand(role)
+
+
 def _trend(
     role: Role, demand: float, now_s: float, config: PolicyConfig, history: Sequence[Decision]
 ) -> float:
@@ -301,8 +314,7 @@ def _trend(
         age = now_s - h.at_s
         if h.observed is None or age > config.trend_window_s or age <= 0:
             continue
-        past = h.observed.prefill_demand if role == "prefill" else h.observed.decode_demand
-        pts.append((-age, past))
+        pts.append((-age, h.observed.demand(role)))
     if len(pts) < 3 or -min(t for t, _ in pts) < config.trend_window_s - config.interval_s:
         return 0.0  # a shorter history cannot tell a trend from a cold start's ramp
     mt = sum(t for t, _ in pts) / len(pts)
@@ -730,6 +742,11 @@ def decide(
         r: clamp(r, stabilize(r, recs[r], current[r], now_s, config, history), config)
         for r in ROLES
     }
+    for r in ROLES:
+        if stable[r] < current[r] and rising(r, views[r].demand, now_s, metrics.window_s, history):
+            # a scale-down in the middle of a rise would be taken back within the window
+            stable[r] = current[r]
+            reasons.append(f"{r}: demand rising, not shrinking")
     violating = {r: views[r].latency > views[r].target for r in ROLES}
     pressure = {r: views[r].demand / (caps[r] or math.inf) / max(current[r], 1) for r in ROLES}
     final, budget_reasons = fit_budget(stable, current, needs_now, pressure, violating, config)
