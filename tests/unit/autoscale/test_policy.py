@@ -384,15 +384,19 @@ def test_no_scale_down_while_demand_rises(name: str, before: float, now: float, 
     assert ("prefill: demand rising, not shrinking" in d.reasons) == (want == 4), d.reasons
 
 
-def test_busiest_recent_minute_keeps_prefill() -> None:
-    # a burst of 80k (15 s peak) a minute ago, quiet now: 80k / (30k x 0.9) needs 3, not 1
-    first = decide(CFG, NOW - 60, rr(3), rr(1), window(peaky(80_000, 80_000), at=NOW - 60))
-    quiet = decide(CFG, NOW, rr(3), rr(1), window(peaky(5_000, 5_000)), (first,))
-    assert quiet.recommended_prefill == 3, quiet.reasons
+def test_busiest_recent_burst_keeps_prefill_and_decays_with_its_own_half_life() -> None:
+    # an 80k burst (3 replicas at 27k planned each), then quiet; remembered 80k x 0.5^(t/600):
+    # 56.6k after 300 s (still 3), 51k after 390 s (2). Inside the recommendations the window
+    # held the undecayed floor for 300 s more, so the pool stayed at 3 until about 640 s.
+    history = _run_windows(CFG, [peaky(80_000, 80_000)] + [peaky(5_000, 5_000)] * 26, (3, 1))
+    assert [h.prefill for h in history[:21]] == [3] * 21, [h.reasons for h in history]
+    assert "prefill: busiest recent burst 56569/s needs 3" in history[20].reasons
+    assert history[26].prefill == 2, history[26].reasons
+    assert all(h.recommended_prefill == 1 for h in history[1:]), "floor is not a recommendation"
 
 
 def test_a_violating_role_outranks_the_burst_insurance_of_the_other() -> None:
-    # the same remembered burst keeps prefill at 3, but with the budget spent and decode
+    # a remembered 80k burst keeps prefill at 3, but with the budget spent and decode
     # over its ITL target now, prefill gives one GPU up (its load needs one replica)
     tight = replace(CFG, gpu_budget=4)
     first = decide(tight, NOW - 60, rr(3), rr(1), window(peaky(80_000, 80_000), at=NOW - 60))

@@ -17,7 +17,8 @@ has the details and the reasons:
 4. Recommend ceil(forecast / (capacity x target utilization)); the forecast adds a capped
    trend over the start-up delay and, for prefill, the backlog to work off.
 5. Scale down only on evidence: decode where the fitted ITL of the smaller pool stays well
-   under target, prefill not below what the busiest recent burst needs.
+   under target, prefill not below what the busiest recent burst needs (a decayed maximum,
+   applied after stabilization so that it decays with its own half-life).
 6. Feedback: a violating role never shrinks and gets at least one more replica than it has
    ready (replicas still starting count as that one); Pending pods are never capacity.
 7. Stabilize like the HPA, and never reverse a role's direction inside the scale-down
@@ -188,7 +189,7 @@ class Decision:
     at_s: float
     prefill: int
     decode: int
-    recommended_prefill: int  # before stabilization, step limits and budget
+    recommended_prefill: int  # before stabilization, burst floor, step limits and budget
     recommended_decode: int
     reasons: tuple[str, ...]
     conditions: tuple[Condition, ...]
@@ -675,6 +676,17 @@ def _down_limit(
     return min(planned, at) if at is not None and at > 0 else None
 
 
+def burst_floor(
+    config: PolicyConfig, learned: Capacity, capacity: float | None, limit: float | None
+) -> int:
+    """Prefill replicas the busiest recent burst needs (bursts shorter than a start-up
+    recur, and only standing replicas absorb them); 0 while nothing says what one carries."""
+    per_replica = capacity * config.prefill_target_utilization if capacity else limit
+    if not per_replica:
+        return 0
+    return math.ceil(learned.prefill_busiest / per_replica - 1e-9)
+
+
 def decide(
     config: PolicyConfig,
     now_s: float,
@@ -701,14 +713,14 @@ def decide(
         "prefill": _prefill_capacity(config, learned, views["prefill"].target),
         "decode": cap.capacity(learned.decode, views["decode"].target, config.prior("decode")),
     }
+    # what the current load needs, without the burst insurance below (also how far a role
+    # may give GPUs up to a role that violates its target now)
     recs: dict[Role, int] = {}
-    # what the current load needs, without the burst insurance below: how far a role may
-    # give GPUs up to a role that violates its target now
-    needs_now: dict[Role, int] = {}
+    limits: dict[Role, float | None] = {}
     reasons: list[str] = []
     for r in ROLES:
         slope = _trend(r, views[r].demand, now_s, config, history)
-        limit = _down_limit(r, learned, caps[r], views[r].target, config)
+        limits[r] = limit = _down_limit(r, learned, caps[r], views[r].target, config)
         coming = starting(r, fleet[r], now_s, config, history)
         n, why = recommend(
             r, views[r], caps[r], fleet[r].current, fleet[r].ready, slope, config, limit, coming
@@ -727,14 +739,6 @@ def decide(
             # the cluster cannot place the pods asked for already; more would wait too
             n = fleet[r].current
             why += f"; {fleet[r].pending} pending, not growing"
-        needs_now[r] = clamp(r, n, config)
-        c = caps[r]
-        per_replica = c * config.utilization(r) if c else limit
-        if r == "prefill" and per_replica and n < fleet[r].current:
-            floor = math.ceil(learned.prefill_busiest / per_replica - 1e-9)
-            if floor > n:
-                n = min(fleet[r].current, floor)
-                why += f"; busiest recent burst {learned.prefill_busiest:.0f}/s needs {floor}"
         recs[r] = clamp(r, n, config)
         reasons.append(why)
     current = {r: fleet[r].current for r in ROLES}
@@ -742,6 +746,15 @@ def decide(
         r: clamp(r, stabilize(r, recs[r], current[r], now_s, config, history), config)
         for r in ROLES
     }
+    # the burst floor applies after stabilization: it is a memory of its own (a decayed
+    # maximum); inside the recommendations the window held each burst undecayed for the
+    # whole stabilization window on top of its half-life
+    floor = burst_floor(config, learned, caps["prefill"], limits["prefill"])
+    if stable["prefill"] < min(current["prefill"], floor):
+        stable["prefill"] = min(current["prefill"], floor)
+        reasons.append(
+            f"prefill: busiest recent burst {learned.prefill_busiest:.0f}/s needs {floor}"
+        )
     for r in ROLES:
         if stable[r] < current[r] and rising(r, views[r].demand, now_s, metrics.window_s, history):
             # a scale-down in the middle of a rise would be taken back within the window
@@ -749,7 +762,7 @@ def decide(
             reasons.append(f"{r}: demand rising, not shrinking")
     violating = {r: views[r].latency > views[r].target for r in ROLES}
     pressure = {r: views[r].demand / (caps[r] or math.inf) / max(current[r], 1) for r in ROLES}
-    final, budget_reasons = fit_budget(stable, current, needs_now, pressure, violating, config)
+    final, budget_reasons = fit_budget(stable, current, recs, pressure, violating, config)
     reasons.extend(budget_reasons)
     for r in ROLES:
         if final[r] != current[r]:
