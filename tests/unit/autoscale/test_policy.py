@@ -361,6 +361,37 @@ def test_no_reversal_inside_stabilization(name: str, history: list[Decision], wa
     assert stabilize("prefill", 1, 4, NOW, CFG, history) == want, name
 
 
+@pytest.mark.parametrize(
+    ("name", "history", "ttft", "grows"),
+    [
+        # a 120k peak needs 5 at 27k planned each; the pool went 5 -> 4 100 s ago
+        (
+            "shrank inside the window: a forecast does not take it back",
+            [_hist(NOW - 400, 5, 1), _hist(NOW - 100, 4, 1)],
+            0.2,
+            False,
+        ),
+        (
+            "shrank inside the window, target violated: grows",
+            [_hist(NOW - 400, 5, 1), _hist(NOW - 100, 4, 1)],
+            2.0,
+            True,
+        ),
+        (
+            "shrank before the window: grows on the forecast",
+            [_hist(NOW - 500, 5, 1), _hist(NOW - 400, 4, 1)],
+            0.2,
+            True,
+        ),
+    ],
+)
+def test_no_reversal_after_a_scale_down(
+    name: str, history: list[Decision], ttft: float, grows: bool
+) -> None:
+    d = decide(CFG, NOW, rr(4), rr(1), window(peaky(100_000, 120_000, ttft=ttft)), tuple(history))
+    assert (d.prefill > 4) == grows, (name, d.reasons)
+
+
 def _demanding(at: float, p: int, prompt: float) -> Decision:
     """A steady decision at `p` replicas (load-based recommendation 1) that saw `prompt`."""
     d = _hist(at, p, 1, rec_p=1)

@@ -22,7 +22,8 @@ has the details and the reasons:
 6. Feedback: a violating role never shrinks and gets at least one more replica than it has
    ready (replicas still starting count as that one); Pending pods are never capacity.
 7. Stabilize like the HPA, and never reverse a role's direction inside the scale-down
-   stabilization window; bound each step. A role does not shrink while its demand is
+   stabilization window (a role that grew does not shrink; one that shrank grows back only
+   on a violated target); bound each step. A role does not shrink while its demand is
    still rising (the last window's mean above the one before).
 8. Clamp to min/max, then fit the GPU budget, giving GPUs to the most loaded role and moving
    GPUs from a role with slack to one that violates.
@@ -462,6 +463,18 @@ def stabilize(
     return current
 
 
+def moved(
+    role: Role, direction: int, now_s: float, window_s: float, history: Sequence[Decision]
+) -> bool:
+    """True when the role's desired count moved up (`direction` +1) or down (-1) within
+    the last `window_s`."""
+    return any(
+        (h.desired(role) - before.desired(role)) * direction > 0
+        for before, h in pairwise(history)
+        if now_s - h.at_s < window_s
+    )
+
+
 def _may_shrink(
     role: Role, current: int, now_s: float, config: PolicyConfig, history: Sequence[Decision]
 ) -> bool:
@@ -471,11 +484,8 @@ def _may_shrink(
     window = config.scale_down_stabilization_s
     if not history or now_s - history[0].at_s < window:
         return False
-    prev = None
-    for h in history:
-        if now_s - h.at_s < window and prev is not None and h.desired(role) > prev:
-            return False
-        prev = h.desired(role)
+    if moved(role, +1, now_s, window, history):
+        return False
     return not any(
         h.desired(role) != current for h in history if now_s - h.at_s < config.scale_down_period_s
     )
@@ -761,6 +771,13 @@ def decide(
             stable[r] = current[r]
             reasons.append(f"{r}: demand rising, not shrinking")
     violating = {r: views[r].latency > views[r].target for r in ROLES}
+    for r in ROLES:
+        window = config.scale_down_stabilization_s
+        if stable[r] > current[r] and not violating[r] and moved(r, -1, now_s, window, history):
+            # no reversal the other way either: after a scale-down inside the window, only a
+            # violated target grows a role back, not a forecast
+            stable[r] = current[r]
+            reasons.append(f"{r}: shrank within the window, grows back only on a violation")
     pressure = {r: views[r].demand / (caps[r] or math.inf) / max(current[r], 1) for r in ROLES}
     final, budget_reasons = fit_budget(stable, current, recs, pressure, violating, config)
     reasons.extend(budget_reasons)
