@@ -354,7 +354,7 @@ def starting(
             asked_at = h.at_s
     if asked_at is None:
         return Starting(n, config.startup_s)
-    return Starting(n, min(config.startup_s, max(0.0, config.startup_s - (now_s - asked_at))))
+    return Starting(n, max(0.0, config.startup_s - (now_s - asked_at)))
 
 
 def forecast(
@@ -384,7 +384,7 @@ def forecast(
         backlog = view.waiting * view.mean_prompt
         # replicas already starting take their share once they are ready: counting only the
         # ready ones for the whole start-up asked for a second round of the same replicas
-        early = min(coming.ready_in_s, config.startup_s) if coming.replicas else 0.0
+        early = min(coming.ready_in_s, config.startup_s)
         backlog += max(0.0, arriving - ready * capacity) * early
         late = max(0.0, arriving - (ready + coming.replicas) * capacity)
         backlog += late * (config.startup_s - early)
