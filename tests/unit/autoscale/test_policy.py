@@ -315,6 +315,28 @@ def test_prefill_burst_and_backlog(name: str, prefill_metrics: RoleMetrics, want
     assert d.prefill == want, (name, d.reasons)
 
 
+@pytest.mark.parametrize(
+    ("name", "history", "want"),
+    [
+        # 100k peak, violating, 2 ready (27k planned each), 2 more asked for 60 s ago: the
+        # excess over the ready two (100k - 60k) accrues until those are ready (60 s), none
+        # over all four: (100k + 40k x 60 / 120) / 27k -> 5
+        ("starting replicas due in 60 s", [_hist(NOW - 75, 2, 1), _hist(NOW - 60, 4, 1)], 5),
+        # asked for 105 s ago: 15 s of excess, (100k + 5k) / 27k -> 4 (the starting two
+        # are the extra replica the violation asks for)
+        ("due in 15 s", [_hist(NOW - 120, 2, 1), _hist(NOW - 105, 4, 1)], 4),
+        # no scale-up in the history: the whole start-up, (100k + 40k) / 27k -> 6
+        ("when they come is unknown", [_hist(NOW - 60, 4, 1)], 6),
+    ],
+)
+def test_backlog_counts_replicas_already_starting(
+    name: str, history: list[Decision], want: int
+) -> None:
+    m = window(peaky(60_000, 100_000, ttft=3.0))
+    d = decide(CFG, NOW, rr(4, ready=2), rr(1), m, tuple(history))
+    assert d.prefill == want, (name, d.reasons)
+
+
 def _steady(at: float, p: int, d: int = 1, rec_p: int | None = None) -> Decision:
     return _hist(at, p, d, rec_p=p if rec_p is None else rec_p)
 
@@ -339,15 +361,73 @@ def test_no_reversal_inside_stabilization(name: str, history: list[Decision], wa
     assert stabilize("prefill", 1, 4, NOW, CFG, history) == want, name
 
 
-def test_busiest_recent_minute_keeps_prefill() -> None:
-    # a burst of 80k (15 s peak) a minute ago, quiet now: 80k / (30k x 0.9) needs 3, not 1
-    first = decide(CFG, NOW - 60, rr(3), rr(1), window(peaky(80_000, 80_000), at=NOW - 60))
-    quiet = decide(CFG, NOW, rr(3), rr(1), window(peaky(5_000, 5_000)), (first,))
-    assert quiet.recommended_prefill == 3, quiet.reasons
+@pytest.mark.parametrize(
+    ("name", "history", "ttft", "grows"),
+    [
+        # a 120k peak needs 5 at 27k planned each; the pool went 5 -> 4 100 s ago
+        (
+            "shrank inside the window: a forecast does not take it back",
+            [_hist(NOW - 400, 5, 1), _hist(NOW - 100, 4, 1)],
+            0.2,
+            False,
+        ),
+        (
+            "shrank inside the window, target violated: grows",
+            [_hist(NOW - 400, 5, 1), _hist(NOW - 100, 4, 1)],
+            2.0,
+            True,
+        ),
+        (
+            "shrank before the window: grows on the forecast",
+            [_hist(NOW - 500, 5, 1), _hist(NOW - 400, 4, 1)],
+            0.2,
+            True,
+        ),
+    ],
+)
+def test_no_reversal_after_a_scale_down(
+    name: str, history: list[Decision], ttft: float, grows: bool
+) -> None:
+    d = decide(CFG, NOW, rr(4), rr(1), window(peaky(100_000, 120_000, ttft=ttft)), tuple(history))
+    assert (d.prefill > 4) == grows, (name, d.reasons)
+
+
+def _demanding(at: float, p: int, prompt: float) -> Decision:
+    """A steady decision at `p` replicas (load-based recommendation 1) that saw `prompt`."""
+    d = _hist(at, p, 1, rec_p=1)
+    assert d.observed is not None
+    return replace(d, observed=replace(d.observed, prefill_demand=prompt))
+
+
+@pytest.mark.parametrize(
+    ("name", "before", "now", "want"),
+    [
+        ("falling: one step down", 40_000, 20_000, 3),
+        ("flat: one step down", 20_000, 20_000, 3),
+        # the last minute's mean above the one before: shrinking now would be taken back
+        ("rising: no step down", 20_000, 40_000, 4),
+    ],
+)
+def test_no_scale_down_while_demand_rises(name: str, before: float, now: float, want: int) -> None:
+    history = (_demanding(NOW - 400, 4, before), _demanding(NOW - 60, 4, before))
+    d = decide(CFG, NOW, rr(4), rr(1), window(peaky(now, now)), history)
+    assert d.prefill == want, (name, d.reasons)
+    assert ("prefill: demand rising, not shrinking" in d.reasons) == (want == 4), d.reasons
+
+
+def test_busiest_recent_burst_keeps_prefill_and_decays_with_its_own_half_life() -> None:
+    # an 80k burst (3 replicas at 27k planned each), then quiet; remembered 80k x 0.5^(t/600):
+    # 56.6k after 300 s (still 3), 51k after 390 s (2). Inside the recommendations the window
+    # held the undecayed floor for 300 s more, so the pool stayed at 3 until about 640 s.
+    history = _run_windows(CFG, [peaky(80_000, 80_000)] + [peaky(5_000, 5_000)] * 26, (3, 1))
+    assert [h.prefill for h in history[:21]] == [3] * 21, [h.reasons for h in history]
+    assert "prefill: busiest recent burst 56569/s needs 3" in history[20].reasons
+    assert history[26].prefill == 2, history[26].reasons
+    assert all(h.recommended_prefill == 1 for h in history[1:]), "floor is not a recommendation"
 
 
 def test_a_violating_role_outranks_the_burst_insurance_of_the_other() -> None:
-    # the same remembered burst keeps prefill at 3, but with the budget spent and decode
+    # a remembered 80k burst keeps prefill at 3, but with the budget spent and decode
     # over its ITL target now, prefill gives one GPU up (its load needs one replica)
     tight = replace(CFG, gpu_budget=4)
     first = decide(tight, NOW - 60, rr(3), rr(1), window(peaky(80_000, 80_000), at=NOW - 60))

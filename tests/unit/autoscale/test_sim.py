@@ -112,3 +112,19 @@ def test_cheapest_plan(
     name: str, options: list[list[tuple[float, float]]], need: float, want: list[int]
 ) -> None:
     assert cheapest_plan(options, need) == want, name
+
+
+# two windows: 1 or 3 GPUs first, then 1 or 2; 30 good requests needed
+_RISE = [[(1.0, 10.0), (3.0, 20.0)], [(1.0, 10.0), (2.0, 20.0)]]
+
+
+@pytest.mark.parametrize(
+    ("name", "startup_s", "want"),
+    [
+        ("no start-up: rise in the second window (3)", 0.0, [0, 1]),
+        # the rise adds a GPU started 2 earlier: 3 + 2 = 5 against 4 for starting high
+        ("start-up paid: start high and shrink (4)", 2.0, [1, 0]),
+    ],
+)
+def test_cheapest_plan_paying_startup(name: str, startup_s: float, want: list[int]) -> None:
+    assert cheapest_plan(_RISE, 30.0, [[1, 3], [1, 2]], startup_s) == want, name

@@ -14,12 +14,20 @@ trace reaches the attainment target at the least GPU time (a multiple-choice kna
 exactly by dynamic programming over the total cost). No online policy that changes the split
 at most once per window can do better; one that changes it more often could, in principle,
 beat it inside a window (the bound is for 5-minute granularity).
+
+The same plan with start-up paid: knowing the load in advance, a replica is started one
+start-up before its window, so every GPU a window adds over the one before is held that much
+longer (the windows are simulated as before: the replicas are ready when their window
+starts; the overlap is not checked against the GPU budget, which keeps it optimistic). Its
+distance from the bound is what the start-up delay costs even with perfect knowledge; the
+rest of an online policy's distance is headroom and reaction.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from itertools import pairwise
 
 from pdfleet.autoscale.sim import SimConfig, fixed, simulate
 from pdfleet.autoscale.traces import Workload
@@ -98,32 +106,76 @@ def _good(r: SplitResult) -> float:
     return r.attainment * r.requests
 
 
-def cheapest_plan(options: list[list[tuple[float, float]]], need: float) -> list[int]:
+def cheapest_plan(
+    options: list[list[tuple[float, float]]],
+    need: float,
+    gpus: list[list[int]] | None = None,
+    startup_s: float = 0.0,
+) -> list[int]:
     """One option per window, (cost, good requests) each, with total good >= `need` at the
     least total cost: an exact dynamic program over the reachable total costs (a handful of
     GPU counts per window, so few distinct sums). Where no plan reaches `need`, the plan
     with the most good requests. A greedy walk along each window's front can overshoot the
-    target, and then the bound would not be a lower bound."""
-    # state: total cost -> (most good requests at that cost, choices)
-    states: dict[float, tuple[float, tuple[int, ...]]] = {0.0: (0.0, ())}
-    for opts in options:
-        nxt: dict[float, tuple[float, tuple[int, ...]]] = {}
-        for cost, (good, picks) in states.items():
+    target, and then the bound would not be a lower bound.
+
+    With `gpus` (per option) and `startup_s`, every GPU an option adds over the previous
+    window's choice costs `startup_s` more (started that much earlier); the first window
+    starts from its own choice (the bound stays optimistic).
+    """
+    paid = gpus is not None and startup_s > 0
+
+    def switch(w: int, last: int, j: int) -> float:
+        if not paid or last < 0:
+            return 0.0
+        assert gpus is not None
+        return startup_s * max(0, gpus[w][j] - gpus[w - 1][last])
+
+    # state: (total cost, last choice where it matters) -> (most good requests, choices)
+    states: dict[tuple[float, int], tuple[float, tuple[int, ...]]] = {(0.0, -1): (0.0, ())}
+    for w, opts in enumerate(options):
+        nxt: dict[tuple[float, int], tuple[float, tuple[int, ...]]] = {}
+        for (cost, last), (good, picks) in states.items():
             for j, (c, g) in enumerate(opts):
-                key = round(cost + c, 6)
+                key = (round(cost + c + switch(w, last, j), 6), j if paid else -1)
                 cand = (good + g, (*picks, j))
                 if key not in nxt or cand[0] > nxt[key][0]:
                     nxt[key] = cand
-        # drop states dominated by a cheaper one with at least as many good requests
-        states, best = {}, -1.0
+        # drop states dominated by a cheaper one (ending in the same choice, where that
+        # matters) with at least as many good requests
+        states = {}
+        best: dict[int, float] = {}
         for key in sorted(nxt):
-            if nxt[key][0] > best:
+            if nxt[key][0] > best.get(key[1], -1.0):
                 states[key] = nxt[key]
-                best = nxt[key][0]
+                best[key[1]] = nxt[key][0]
     feasible = [k for k, (g, _) in states.items() if g >= need - 1e-9]
     if feasible:
         return list(states[min(feasible)][1])
     return list(max(states.values())[1])
+
+
+Fronts = list[tuple[float, Workload, list[SplitResult]]]
+
+
+def window_fronts(
+    wl: Workload,
+    cfg: SimConfig,
+    ttft_slo: float,
+    itl_slo: float,
+    budget: int,
+    window_s: float = 300.0,
+) -> Fronts:
+    """(start, requests, cost/attainment front) of each non-empty window, simulated alone
+    with zero start-up: the expensive part of the bound, shared by its variants."""
+    run = runner(replace(cfg, startup_s=0.0), ttft_slo, itl_slo)
+    fronts: Fronts = []
+    t = 0.0
+    while t <= wl.duration_s:
+        part = wl.window(t, t + window_s)
+        if len(part):
+            fronts.append((t, part, _hull(staircase(part, run, budget))))
+        t += window_s
+    return fronts
 
 
 def clairvoyant(
@@ -134,37 +186,30 @@ def clairvoyant(
     budget: int,
     target: float,
     window_s: float = 300.0,
+    startup_s: float = 0.0,
+    fronts: Fronts | None = None,
 ) -> Clairvoyant:
-    run = runner(replace(cfg, startup_s=0.0), ttft_slo, itl_slo)
-    windows: list[tuple[float, Workload, list[SplitResult]]] = []
-    t = 0.0
-    while t <= wl.duration_s:
-        part = wl.window(t, t + window_s)
-        if len(part):
-            windows.append((t, part, _hull(staircase(part, run, budget))))
-        t += window_s
-    total = sum(len(part) for _, part, _ in windows)
+    """The bound (`startup_s` 0) or the same plan with start-up paid (module docstring)."""
+    if fronts is None:
+        fronts = window_fronts(wl, cfg, ttft_slo, itl_slo, budget, window_s)
+    total = sum(len(part) for _, part, _ in fronts)
+    span = [min(window_s, max(wl.duration_s - start, 0.0)) for start, _, _ in fronts]
+    gpus = [[_gpus(r, cfg) for r in front] for _, _, front in fronts]
     choice = cheapest_plan(
         [
-            [
-                (min(window_s, max(wl.duration_s - start, 0.0)) * _gpus(r, cfg), _good(r))
-                for r in front
-            ]
-            for start, _, front in windows
+            [(s * g, _good(r)) for g, r in zip(gs, front, strict=True)]
+            for s, gs, (_, _, front) in zip(span, gpus, fronts, strict=True)
         ],
         target * total,
+        gpus,
+        startup_s,
     )
-
-    def good() -> float:
-        return sum(_good(front[c]) for (_, _, front), c in zip(windows, choice, strict=True))
-
+    picked = [gs[c] for gs, c in zip(gpus, choice, strict=True)]
+    gpu_s = sum(s * g for s, g in zip(span, picked, strict=True))
+    gpu_s += startup_s * sum(max(0, b - a) for a, b in pairwise(picked))
+    good = sum(_good(front[c]) for (_, _, front), c in zip(fronts, choice, strict=True))
     plan = tuple(
         (start, front[c].prefill, front[c].decode, front[c].attainment)
-        for (start, _, front), c in zip(windows, choice, strict=True)
+        for (start, _, front), c in zip(fronts, choice, strict=True)
     )
-    gpu_s = sum(
-        min(window_s, max(wl.duration_s - start, 0.0))
-        * (p * cfg.prefill_gpus + d * cfg.decode_gpus)
-        for start, p, d, _ in plan
-    )
-    return Clairvoyant(gpu_hours=gpu_s / 3600.0, attainment=good() / total, plan=plan)
+    return Clairvoyant(gpu_hours=gpu_s / 3600.0, attainment=good / total, plan=plan)

@@ -17,11 +17,14 @@ has the details and the reasons:
 4. Recommend ceil(forecast / (capacity x target utilization)); the forecast adds a capped
    trend over the start-up delay and, for prefill, the backlog to work off.
 5. Scale down only on evidence: decode where the fitted ITL of the smaller pool stays well
-   under target, prefill not below what the busiest recent burst needs.
+   under target, prefill not below what the busiest recent burst needs (a decayed maximum,
+   applied after stabilization so that it decays with its own half-life).
 6. Feedback: a violating role never shrinks and gets at least one more replica than it has
    ready (replicas still starting count as that one); Pending pods are never capacity.
 7. Stabilize like the HPA, and never reverse a role's direction inside the scale-down
-   stabilization window; bound each step.
+   stabilization window (a role that grew does not shrink; one that shrank grows back only
+   on a violated target); bound each step. A role does not shrink while its demand is
+   still rising (the last window's mean above the one before).
 8. Clamp to min/max, then fit the GPU budget, giving GPUs to the most loaded role and moving
    GPUs from a role with slack to one that violates.
 """
@@ -31,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from typing import Literal
 
 from pdfleet.autoscale import capacity as cap
@@ -166,6 +170,9 @@ class Observed:
     prefill_ready: int
     decode_ready: int
 
+    def demand(self, role: Role) -> float:
+        return self.prefill_demand if role == "prefill" else self.decode_demand
+
 
 @dataclass(frozen=True)
 class Capacity:
@@ -189,7 +196,7 @@ class Decision:
     at_s: float
     prefill: int
     decode: int
-    recommended_prefill: int  # before stabilization, step limits and budget
+    recommended_prefill: int  # before stabilization, burst floor, step limits and budget
     recommended_decode: int
     reasons: tuple[str, ...]
     conditions: tuple[Condition, ...]
@@ -293,6 +300,15 @@ def _stable_ready(
     return True
 
 
+def rising(
+    role: Role, demand: float, now_s: float, window_s: float, history: Sequence[Decision]
+) -> bool:
+    """True when the role's demand (window mean) is above that of the window before (the
+    latest decision at least one window old): a load still rising takes a scale-down back."""
+    before = [h.observed for h in history if h.observed is not None and now_s - h.at_s >= window_s]
+    return bool(before) and demand > before[-1].demand(role)
+
+
 def _trend(
     role: Role, demand: float, now_s: float, config: PolicyConfig, history: Sequence[Decision]
 ) -> float:
@@ -306,8 +322,7 @@ def _trend(
         age = now_s - h.at_s
         if h.observed is None or age > config.trend_window_s or age <= 0:
             continue
-        past = h.observed.prefill_demand if role == "prefill" else h.observed.decode_demand
-        pts.append((-age, past))
+        pts.append((-age, h.observed.demand(role)))
     if len(pts) < 3 or -min(t for t, _ in pts) < config.trend_window_s - config.interval_s:
         return 0.0  # a shorter history cannot tell a trend from a cold start's ramp
     mt = sum(t for t, _ in pts) / len(pts)
@@ -317,14 +332,52 @@ def _trend(
     return max(0.0, cov / var) if var > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class Starting:
+    """Replicas of a role that have GPUs but are not ready yet, and when they will be."""
+
+    replicas: int = 0
+    ready_in_s: float = 0.0  # until the last of them is ready
+
+
+def starting(
+    role: Role,
+    replicas: RoleReplicas,
+    now_s: float,
+    config: PolicyConfig,
+    history: Sequence[Decision],
+) -> Starting:
+    """The role's starting replicas (Pending pods are not starting), ready one start-up after
+    the latest scale-up in the history; a whole start-up away when the history does not show
+    one (the safe side: the backlog then accrues over the ready replicas only). Replicas later
+    than expected are taken as due now."""
+    n = max(0, replicas.current - replicas.ready - replicas.pending)
+    if n == 0:
+        return Starting()
+    asked_at = None
+    for before, h in pairwise(history):
+        if h.desired(role) > before.desired(role):
+            asked_at = h.at_s
+    if asked_at is None:
+        return Starting(n, config.startup_s)
+    return Starting(n, max(0.0, config.startup_s - (now_s - asked_at)))
+
+
 def forecast(
-    role: Role, view: _RoleView, capacity: float, ready: int, slope: float, config: PolicyConfig
+    role: Role,
+    view: _RoleView,
+    capacity: float,
+    ready: int,
+    slope: float,
+    config: PolicyConfig,
+    coming: Starting = Starting(),
 ) -> float:
     """Load the pool must carry once a replica started now is ready.
 
     The sizing load (prefill: the burst peak) plus the upward trend over start-up and one
     interval; for prefill also the backlog: the prompts queued now plus what a sustained
-    excess over the ready replicas adds during start-up, worked off within `backlog_drain_s`.
+    excess adds until a replica started now is ready (over the ready replicas until those
+    already starting are ready, then over all of them), worked off within `backlog_drain_s`.
     """
     lookahead = config.startup_s + config.interval_s
     # a trend is extrapolated, so it may add at most _MAX_TREND of the load (a cold start's
@@ -335,7 +388,12 @@ def forecast(
         # broken the peak is taken as sustained (the mean lags a step by a whole window)
         arriving = view.peak if view.latency > view.target else view.demand
         backlog = view.waiting * view.mean_prompt
-        backlog += max(0.0, arriving - ready * capacity) * config.startup_s
+        # replicas already starting take their share once they are ready: counting only the
+        # ready ones for the whole start-up asked for a second round of the same replicas
+        early = min(coming.ready_in_s, config.startup_s)
+        backlog += max(0.0, arriving - ready * capacity) * early
+        late = max(0.0, arriving - (ready + coming.replicas) * capacity)
+        backlog += late * (config.startup_s - early)
         load += backlog / config.backlog_drain_s
     return load
 
@@ -349,6 +407,7 @@ def recommend(
     slope: float,
     config: PolicyConfig,
     down_limit: float | None = None,
+    coming: Starting = Starting(),
 ) -> tuple[int, str]:
     """Raw replica recommendation for one role, before stabilization, and why.
 
@@ -367,7 +426,7 @@ def recommend(
         if view.latency < 0.5 * view.target and view.waiting == 0:
             return current - 1, f"{role}: well under target, capacity unknown"
         return current, f"{role}: capacity unknown, holding"
-    load = forecast(role, view, capacity, ready, slope, config)
+    load = forecast(role, view, capacity, ready, slope, config, coming)
     util = config.utilization(role)
     n = math.ceil(load / (capacity * util) - 1e-9)
     if n < current:
@@ -410,6 +469,18 @@ def stabilize(
     return current
 
 
+def moved(
+    role: Role, direction: int, now_s: float, window_s: float, history: Sequence[Decision]
+) -> bool:
+    """True when the role's desired count moved up (`direction` +1) or down (-1) within
+    the last `window_s`."""
+    return any(
+        (h.desired(role) - before.desired(role)) * direction > 0
+        for before, h in pairwise(history)
+        if now_s - h.at_s < window_s
+    )
+
+
 def _may_shrink(
     role: Role, current: int, now_s: float, config: PolicyConfig, history: Sequence[Decision]
 ) -> bool:
@@ -419,11 +490,8 @@ def _may_shrink(
     window = config.scale_down_stabilization_s
     if not history or now_s - history[0].at_s < window:
         return False
-    prev = None
-    for h in history:
-        if now_s - h.at_s < window and prev is not None and h.desired(role) > prev:
-            return False
-        prev = h.desired(role)
+    if moved(role, +1, now_s, window, history):
+        return False
     return not any(
         h.desired(role) != current for h in history if now_s - h.at_s < config.scale_down_period_s
     )
@@ -624,6 +692,17 @@ def _down_limit(
     return min(planned, at) if at is not None and at > 0 else None
 
 
+def burst_floor(
+    config: PolicyConfig, learned: Capacity, capacity: float | None, limit: float | None
+) -> int:
+    """Prefill replicas the busiest recent burst needs (bursts shorter than a start-up
+    recur, and only standing replicas absorb them); 0 while nothing says what one carries."""
+    per_replica = capacity * config.prefill_target_utilization if capacity else limit
+    if not per_replica:
+        return 0
+    return math.ceil(learned.prefill_busiest / per_replica - 1e-9)
+
+
 def decide(
     config: PolicyConfig,
     now_s: float,
@@ -650,16 +729,17 @@ def decide(
         "prefill": _prefill_capacity(config, learned, views["prefill"].target),
         "decode": cap.capacity(learned.decode, views["decode"].target, config.prior("decode")),
     }
+    # what the current load needs, without the burst insurance below (also how far a role
+    # may give GPUs up to a role that violates its target now)
     recs: dict[Role, int] = {}
-    # what the current load needs, without the burst insurance below: how far a role may
-    # give GPUs up to a role that violates its target now
-    needs_now: dict[Role, int] = {}
+    limits: dict[Role, float | None] = {}
     reasons: list[str] = []
     for r in ROLES:
         slope = _trend(r, views[r].demand, now_s, config, history)
-        limit = _down_limit(r, learned, caps[r], views[r].target, config)
+        limits[r] = limit = _down_limit(r, learned, caps[r], views[r].target, config)
+        coming = starting(r, fleet[r], now_s, config, history)
         n, why = recommend(
-            r, views[r], caps[r], fleet[r].current, fleet[r].ready, slope, config, limit
+            r, views[r], caps[r], fleet[r].current, fleet[r].ready, slope, config, limit, coming
         )
         if (
             r == "decode"
@@ -675,14 +755,6 @@ def decide(
             # the cluster cannot place the pods asked for already; more would wait too
             n = fleet[r].current
             why += f"; {fleet[r].pending} pending, not growing"
-        needs_now[r] = clamp(r, n, config)
-        c = caps[r]
-        per_replica = c * config.utilization(r) if c else limit
-        if r == "prefill" and per_replica and n < fleet[r].current:
-            floor = math.ceil(learned.prefill_busiest / per_replica - 1e-9)
-            if floor > n:
-                n = min(fleet[r].current, floor)
-                why += f"; busiest recent burst {learned.prefill_busiest:.0f}/s needs {floor}"
         recs[r] = clamp(r, n, config)
         reasons.append(why)
     current = {r: fleet[r].current for r in ROLES}
@@ -690,9 +762,30 @@ def decide(
         r: clamp(r, stabilize(r, recs[r], current[r], now_s, config, history), config)
         for r in ROLES
     }
+    # the burst floor applies after stabilization: it is a memory of its own (a decayed
+    # maximum); inside the recommendations the window held each burst undecayed for the
+    # whole stabilization window on top of its half-life
+    floor = burst_floor(config, learned, caps["prefill"], limits["prefill"])
+    if stable["prefill"] < min(current["prefill"], floor):
+        stable["prefill"] = min(current["prefill"], floor)
+        reasons.append(
+            f"prefill: busiest recent burst {learned.prefill_busiest:.0f}/s needs {floor}"
+        )
+    for r in ROLES:
+        if stable[r] < current[r] and rising(r, views[r].demand, now_s, metrics.window_s, history):
+            # a scale-down in the middle of a rise would be taken back within the window
+            stable[r] = current[r]
+            reasons.append(f"{r}: demand rising, not shrinking")
     violating = {r: views[r].latency > views[r].target for r in ROLES}
+    for r in ROLES:
+        window = config.scale_down_stabilization_s
+        if stable[r] > current[r] and not violating[r] and moved(r, -1, now_s, window, history):
+            # no reversal the other way either: after a scale-down inside the window, only a
+            # violated target grows a role back, not a forecast
+            stable[r] = current[r]
+            reasons.append(f"{r}: shrank within the window, grows back only on a violation")
     pressure = {r: views[r].demand / (caps[r] or math.inf) / max(current[r], 1) for r in ROLES}
-    final, budget_reasons = fit_budget(stable, current, needs_now, pressure, violating, config)
+    final, budget_reasons = fit_budget(stable, current, recs, pressure, violating, config)
     reasons.extend(budget_reasons)
     for r in ROLES:
         if final[r] != current[r]:
