@@ -45,6 +45,7 @@ from pdfleet.reconcile.observed import (
     Observed,
     PodInfo,
     child_ref,
+    index_lags,
     overlay,
     with_marks,
 )
@@ -204,10 +205,11 @@ class Controller:
         written: Mapping[tuple[str, str], tuple[ChildRef, float]],
     ) -> None:
         """Log a workload whose watch index still shows a generation older than our write
-        after INDEX_LAG_WARN_S: the overlay covers it, and the log says the watch is slow."""
+        after INDEX_LAG_WARN_S: the overlay covers it, and the log says the watch is slow.
+        (`index_lags` with no freshness allowance: only a generation can show such a lag.)"""
         for (kind, child), (ref, age_s) in written.items():
             seen = observed.child(kind, child)
-            if seen is not None and age_s > INDEX_LAG_WARN_S and seen.generation < ref.generation:
+            if seen is not None and age_s > INDEX_LAG_WARN_S and index_lags(seen, ref, age_s, 0.0):
                 log.info(
                     "%s/%s: the watch index shows %s %s at generation %d, %.1fs after this "
                     "operator wrote generation %d",
