@@ -18,6 +18,7 @@ from e2e.bench_scale import (
     audit_entries,
     audit_policy,
     floor_children,
+    kv_verdict,
     latency_breakdown,
     percentile,
     render_table,
@@ -112,6 +113,16 @@ def test_latency_breakdown_splits_reaction_and_server_time() -> None:
     assert got["changes"] == 2
     assert got["reaction_p99_s"] == pytest.approx(0.3) and got["server_p99_s"] == pytest.approx(0.5)
     assert got["reaction_p50_s"] == pytest.approx(0.1) and got["server_p50_s"] == pytest.approx(0.2)
+
+
+def test_a_kv_verdict_is_any_kv_transport_condition() -> None:
+    def isvc(*conditions: dict[str, str]) -> dict[str, object]:
+        return {"metadata": {"name": "a"}, "status": {"conditions": list(conditions)}}
+
+    assert kv_verdict(isvc({"type": "KVTransportReady", "status": "False"}))
+    assert kv_verdict(isvc({"type": "KVTransportReady", "status": "True"}))
+    assert not kv_verdict(isvc({"type": "Ready", "status": "True"}))
+    assert not kv_verdict({"metadata": {"name": "a"}})
 
 
 def test_audit_policy_logs_only_the_operator() -> None:
