@@ -347,7 +347,9 @@ def render_table(results: Mapping[str, Any]) -> str:
               _seconds(bd, "server_p50_s", "server_p99_s"))]
             if (bd := lat.get("breakdown")) else []
         ),
-        ("Restart: start -> every service reconciled once", _fmt(restart["resumed_s"], " s")),
+        ("Restart: start -> every service reconciled once",
+         _fmt(restart["resumed_s"], " s") if restart["resumed_s"] is not None else
+         f"not within {_fmt(restart['timeout_s'], ' s')} ({restart['reconciled']:,} reconciled)"),
         ("Restart: writes to objects (lease apart)",
          f"{restart['operator_requests']['writes']} "
          f"({restart['operator_requests']['lease_writes']} lease)"),
@@ -596,6 +598,9 @@ class Bench:
     audit_log: Path
     # Called with each phase's figures as soon as it ends, so a run cut short keeps them.
     checkpoint: Callable[[str, dict[str, Any]], None] = lambda _phase, _figures: None
+    # A restart that has not reconciled every service by then is recorded as such (how many
+    # it had reached), and the run goes on to write its results.
+    restart_timeout_s: float | None = None
     sample: dict[str, Any] = dataclasses.field(
         default_factory=lambda: yaml.safe_load(SAMPLE.read_text())
     )
@@ -804,17 +809,24 @@ class Bench:
         op, sampler = self.start_operator(kubeconfig, self.workdir / "operator-restart.log")
         healthy = time.monotonic()
 
-        def passes() -> bool:
-            count = op.metrics().get("pdfleet_reconcile_duration_seconds_count", 0)
-            return count >= self.services
+        def passes() -> float:
+            return op.metrics().get("pdfleet_reconcile_duration_seconds_count", 0)
 
-        poll_until(passes, self.timeout_s, "a pass over every service", interval_s=0.2)
-        resumed = time.monotonic()
+        limit = self.restart_timeout_s or self.timeout_s
+        resumed: float | None = None
+        try:
+            poll_until(lambda: passes() >= self.services, limit, "a pass over every service",
+                       interval_s=0.2)  # fmt: skip
+            resumed = time.monotonic() - started
+        except TimeoutError:
+            _log(f"restart: {passes():.0f} of {self.services} services reconciled in {limit:.0f}s")
         time.sleep(10)  # writes that a late pass might still make
         return (
             {
                 "healthy_s": healthy - started,
-                "resumed_s": resumed - started,
+                "resumed_s": resumed,
+                "timeout_s": limit,
+                "reconciled": int(passes()),
                 **self._window(sampler, wall0, started),
             },
             op,
@@ -860,7 +872,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         bench = Bench(
             cluster, api, workdir, args.services, args.workers, args.timeout_s, audit_log,
-            checkpoint=checkpoint,
+            checkpoint=checkpoint, restart_timeout_s=args.restart_timeout_s,
         )  # fmt: skip
         floor = bench.floor()
         checkpoint("floor", floor)
@@ -891,6 +903,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--services", type=int, default=1000)
     parser.add_argument("--steady-s", type=float, default=300.0)
     parser.add_argument("--changes", type=int, default=100)
+    parser.add_argument("--restart-timeout-s", type=float, default=None,
+                        help="how long the restart may take (default: --timeout-s)")  # fmt: skip
     parser.add_argument("--settle-s", type=float, default=15.0,
                         help="wait after convergence before a quiet window starts")  # fmt: skip
     parser.add_argument("--workers", type=int, default=4,

@@ -198,3 +198,13 @@ def test_table_shows_every_phase_and_marks_missed_targets() -> None:
     assert "| Steady 300 s: operator writes (lease renewals apart) | 0 (12 lease) |" in table
     assert "| reconcile_p99_s | 1.00 | 1.40 | **no** |" in table
     assert "| idle_writes | 0 | 0 | yes |" in table
+
+
+def test_table_says_how_far_a_restart_got_when_it_did_not_finish() -> None:
+    results = _results(p99=0.5, writes=0)
+    results["operator"]["restart"].update(resumed_s=None, timeout_s=600.0, reconciled=120)
+    table = render_table(results)
+    assert (
+        "| Restart: start -> every service reconciled once | not within 600 s (120 reconciled) |"
+        in table
+    )
