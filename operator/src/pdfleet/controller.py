@@ -22,7 +22,7 @@ from typing import Any
 import pydantic
 from kubernetes.client.exceptions import ApiException
 
-from pdfleet import labels, metrics
+from pdfleet import httpclient, labels, metrics
 from pdfleet.api.rules import error_paths
 from pdfleet.api.types import parse_duration
 from pdfleet.api.v1alpha1 import InferenceService
@@ -478,7 +478,9 @@ class Controller:
         ]
         if router.type != "vllm-router":
             ips = []  # an external gateway: only the workers' own gauges can be read
-        fleet = RouterFleet(router_replicas(ips, router.port, router.metrics_port))
+        fleet = RouterFleet(
+            router_replicas(ips, router.port, router.metrics_port), client=httpclient.shared()
+        )
         port = isvc.spec.engine.port
         timeout_s = parse_duration(isvc.spec.drain.timeout)
         now = self.clock()

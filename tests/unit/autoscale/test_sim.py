@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pdfleet.autoscale import traces
-from pdfleet.autoscale.bench import count_flaps
+from pdfleet.autoscale.bench import RunSummary, at_equal_cost, count_flaps
 from pdfleet.autoscale.oracle import cheapest_plan
 from pdfleet.autoscale.policy import MetricsWindow, RoleReplicas
 from pdfleet.autoscale.sim import SimConfig, fixed, simulate
@@ -70,6 +70,26 @@ def test_scale_up_waits_for_startup_and_drain_loses_nothing() -> None:
     assert any(c.ready == 3 for c in calls)
     assert all(t == t for t in res.ttft_s)  # every request served (no NaN)
     assert count_flaps(res.scale_events, 300.0) == 2  # up then down, per role
+
+
+def _summary(gpu_hours: float) -> RunSummary:
+    return RunSummary("planner", 0.5, 0.5, 1.0, gpu_hours, 1.0, 0, 0, 0.1, 0.01, 0.0)
+
+
+def test_equal_cost_baseline_is_the_first_headroom_spending_as_much() -> None:
+    tried: list[float] = []
+
+    def run(headroom: float) -> RunSummary:
+        tried.append(headroom)
+        return _summary(2.0 * headroom)
+
+    found = at_equal_cost(run, 3.1, (1.25, 1.5, 1.75, 2.0))
+    assert found is not None and found[0] == 1.75 and found[1].gpu_hours == 3.5
+    assert tried == [1.25, 1.5, 1.75]  # stops at the first one that costs enough
+
+
+def test_equal_cost_baseline_is_none_when_it_never_spends_as_much() -> None:
+    assert at_equal_cost(lambda h: _summary(h), 10.0, (1.0, 2.0)) is None
 
 
 def test_cluster_full_leaves_workers_pending() -> None:

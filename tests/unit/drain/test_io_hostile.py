@@ -149,3 +149,13 @@ def test_a_bad_held_count_falls_back_to_the_cache_gauge(body: str) -> None:
 def test_parsers_accept_the_real_shapes() -> None:
     assert parse_workers({"workers": [{"url": WORKER, "is_healthy": True}], "total": 1}) == {WORKER}
     assert parse_held({"held_now": 2}) == 2.0
+
+
+def test_a_fleet_closes_only_a_client_it_made() -> None:
+    shared = httpx.Client(transport=httpx.MockTransport(_answer(200, "", "/none")))
+    fleet = RouterFleet(router_replicas(["10.244.0.9"], 8000, 29000), client=shared)
+    fleet.close()
+    assert not shared.is_closed  # the operator's shared client outlives the pass
+    own = RouterFleet(router_replicas(["10.244.0.9"], 8000, 29000))
+    own.close()
+    assert own.client.is_closed

@@ -18,6 +18,7 @@ from e2e.bench_scale import (
     audit_entries,
     audit_policy,
     floor_children,
+    kv_verdict,
     latency_breakdown,
     percentile,
     render_table,
@@ -114,6 +115,16 @@ def test_latency_breakdown_splits_reaction_and_server_time() -> None:
     assert got["reaction_p50_s"] == pytest.approx(0.1) and got["server_p50_s"] == pytest.approx(0.2)
 
 
+def test_a_kv_verdict_is_any_kv_transport_condition() -> None:
+    def isvc(*conditions: dict[str, str]) -> dict[str, object]:
+        return {"metadata": {"name": "a"}, "status": {"conditions": list(conditions)}}
+
+    assert kv_verdict(isvc({"type": "KVTransportReady", "status": "False"}))
+    assert kv_verdict(isvc({"type": "KVTransportReady", "status": "True"}))
+    assert not kv_verdict(isvc({"type": "Ready", "status": "True"}))
+    assert not kv_verdict({"metadata": {"name": "a"}})
+
+
 def test_audit_policy_logs_only_the_operator() -> None:
     rules = audit_policy("someone")["rules"]
     assert rules[0] == {"level": "Metadata", "users": ["someone"]} and rules[-1]["level"] == "None"
@@ -187,3 +198,13 @@ def test_table_shows_every_phase_and_marks_missed_targets() -> None:
     assert "| Steady 300 s: operator writes (lease renewals apart) | 0 (12 lease) |" in table
     assert "| reconcile_p99_s | 1.00 | 1.40 | **no** |" in table
     assert "| idle_writes | 0 | 0 | yes |" in table
+
+
+def test_table_says_how_far_a_restart_got_when_it_did_not_finish() -> None:
+    results = _results(p99=0.5, writes=0)
+    results["operator"]["restart"].update(resumed_s=None, timeout_s=600.0, reconciled=120)
+    table = render_table(results)
+    assert (
+        "| Restart: start -> every service reconciled once | not within 600 s (120 reconciled) |"
+        in table
+    )

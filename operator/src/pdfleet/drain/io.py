@@ -23,7 +23,7 @@ from urllib.parse import quote
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdfleet import labels
+from pdfleet import httpclient, labels
 from pdfleet.drain.plan import WorkerLoad
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ DECODE_GAUGES = ("vllm_router_pd_pending_decode_requests", "vllm_router_pd_activ
 PREFILL_GAUGE = "vllm_router_pd_prefill_occupancy"
 ENGINE_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 KV_USAGE = "vllm:kv_cache_usage_perc"
-TIMEOUT = httpx.Timeout(2.0, connect=1.0)
+TIMEOUT = httpclient.TIMEOUT
 # Requests of one drain reading in flight at once (routers and workers).
 READ_CONCURRENCY = 8
 
@@ -135,10 +135,13 @@ class RouterFleet:
 
     def __init__(self, replicas: Sequence[RouterReplica], client: httpx.Client | None = None):
         self.replicas = list(replicas)
+        self._owns_client = client is None
         self.client = client or httpx.Client(timeout=TIMEOUT)
 
     def close(self) -> None:
-        self.client.close()
+        """Close the client if this fleet made it (a shared one outlives the pass)."""
+        if self._owns_client:
+            self.client.close()
 
     def workers(self, replica: RouterReplica) -> set[str]:
         try:

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from pdfleet import httpclient
 from pdfleet_worker.preflight.plan import PreflightResult, failed
 
 log = logging.getLogger(__name__)
@@ -22,7 +23,9 @@ log = logging.getLogger(__name__)
 def run(url: str, body: Mapping[str, Any], timeout_s: float) -> PreflightResult:
     """POST the request to `url` (the decode pod's /preflight/run) and parse the answer."""
     try:
-        response = httpx.post(url, json=dict(body), timeout=httpx.Timeout(timeout_s, connect=5))
+        response = httpclient.shared().post(
+            url, json=dict(body), timeout=httpx.Timeout(timeout_s, connect=5)
+        )
         data = response.json()
     except (httpx.HTTPError, ValueError) as err:
         log.info("preflight %s: %s", url, err)
