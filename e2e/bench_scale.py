@@ -510,8 +510,10 @@ class Sampler(threading.Thread):
             return None
         fields = stat.rpartition(")")[2].split()
         cpu = (int(fields[11]) + int(fields[12])) / self._tick  # utime + stime
-        rss_kb = next(int(line.split()[1]) for line in status.splitlines() if line[:6] == "VmRSS:")
-        return time.monotonic(), cpu, rss_kb / 1024
+        rss_kb = [int(line.split()[1]) for line in status.splitlines() if line[:6] == "VmRSS:"]
+        if not rss_kb:  # an exited process not yet reaped has no memory lines
+            return None
+        return time.monotonic(), cpu, rss_kb[0] / 1024
 
     def run(self) -> None:
         while not self._halt.wait(self.period_s):
