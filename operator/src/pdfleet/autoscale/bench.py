@@ -278,6 +278,16 @@ def _ratios(out: dict[str, Any]) -> dict[str, dict[str, float]]:
     }
 
 
+def _run_row(workload: str, label: str, run: dict[str, Any]) -> str:
+    """One simulated run (a `RunSummary` as a dict) as a row of the results table."""
+    return (
+        f"| {workload} | {label} | {run['attainment']:.2%} | "
+        f"{run['ttft_attainment']:.2%} | {run['itl_attainment']:.2%} | "
+        f"{run['gpu_hours']:.2f} | {run['goodput_per_gpu_hour']:.0f} | "
+        f"{run['scale_events']} | {run['flaps']} |"
+    )
+
+
 def markdown(results: Sequence[dict[str, Any]]) -> str:
     lines = [
         "| Workload | Run | Attainment | TTFT ok | ITL ok | GPU-hours | Good req / GPU-h "
@@ -287,21 +297,11 @@ def markdown(results: Sequence[dict[str, Any]]) -> str:
     for r in results:
         name = r["workload"]
         for run in r["runs"].values():
-            lines.append(
-                f"| {name} | {run['name']} | {run['attainment']:.2%} | "
-                f"{run['ttft_attainment']:.2%} | {run['itl_attainment']:.2%} | "
-                f"{run['gpu_hours']:.2f} | {run['goodput_per_gpu_hour']:.0f} | "
-                f"{run['scale_events']} | {run['flaps']} |"
-            )
+            lines.append(_run_row(name, run["name"], run))
         for run_name, eq in (r.get("planner_equal_cost") or {}).items():
-            if not eq:
-                continue
-            lines.append(
-                f"| {name} | planner, load x{eq['headroom']:g} (>= {run_name}'s GPU-hours) | "
-                f"{eq['attainment']:.2%} | {eq['ttft_attainment']:.2%} | "
-                f"{eq['itl_attainment']:.2%} | {eq['gpu_hours']:.2f} | "
-                f"{eq['goodput_per_gpu_hour']:.0f} | {eq['scale_events']} | {eq['flaps']} |"
-            )
+            if eq:
+                label = f"planner, load x{eq['headroom']:g} (>= {run_name}'s GPU-hours)"
+                lines.append(_run_row(name, label, eq))
         cf = r.get("cheapest_fixed")
         if cf:
             good = cf["attainment"] * cf["requests"] / cf["gpu_hours"]

@@ -33,7 +33,6 @@ DECODE_GAUGES = ("vllm_router_pd_pending_decode_requests", "vllm_router_pd_activ
 PREFILL_GAUGE = "vllm_router_pd_prefill_occupancy"
 ENGINE_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 KV_USAGE = "vllm:kv_cache_usage_perc"
-TIMEOUT = httpclient.TIMEOUT
 # Requests of one drain reading in flight at once (routers and workers).
 READ_CONCURRENCY = 8
 
@@ -136,7 +135,7 @@ class RouterFleet:
     def __init__(self, replicas: Sequence[RouterReplica], client: httpx.Client | None = None):
         self.replicas = list(replicas)
         self._owns_client = client is None
-        self.client = client or httpx.Client(timeout=TIMEOUT)
+        self.client = client or httpx.Client(timeout=httpclient.TIMEOUT)
 
     def close(self) -> None:
         """Close the client if this fleet made it (a shared one outlives the pass)."""
