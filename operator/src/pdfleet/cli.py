@@ -104,7 +104,7 @@ def cmd_operator_run(args: argparse.Namespace) -> int:
         autoscaler=Autoscaler(source_for=_prometheus_sources(), clock_s=time.time),
     )
     registry = kopf.OperatorRegistry()
-    register(controller, registry, resync_s=args.resync_seconds)
+    register(controller, registry, args.resync_seconds, api, args.namespace)
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: object) -> None:

@@ -1,4 +1,4 @@
-"""The thin kopf shell: watches feed in-memory indexes and a work queue; one reconcile() runs.
+"""The thin kopf shell: watches feed in-memory caches and a work queue; one reconcile() runs.
 
 Every trigger lands in the same place, `Controller.reconcile()`:
 - the InferenceService's own events (created, changed, and the initial listing when the
@@ -9,22 +9,29 @@ Every trigger lands in the same place, `Controller.reconcile()`:
 Low-level `on.event` handlers are used instead of kopf's on.create/on.update/on.resume because
 those keep per-object bookkeeping in annotations on the user's object: that would be a write
 per change and per restart, which neither GitOps tools nor a 1,000-service cluster want.
-Children are observed through kopf indexes, so a pass costs no API reads.
+The InferenceServices come through kopf's watch; children and pods through the operator's
+own informers (pdfleet.kube.informer, which says why not kopf indexes). A pass reads only
+these caches, so it costs no API reads.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from kubernetes import client
 
 from pdfleet import labels
 from pdfleet.controller import Controller, PassResult
 from pdfleet.kube.api import KINDS
+from pdfleet.kube.informer import Informer, OwnedStore, Projection
+from pdfleet.kube.informer import start as informer_threads
 from pdfleet.reconcile.observed import ChildRef, Observed, PodInfo, child_ref, pod_info
 from pdfleet.reconcile.plan import OWNED_KINDS
 
@@ -32,11 +39,8 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, str]
 
-# Every child kind the operator writes is watched into an index.
-CHILD_RESOURCES: dict[str, tuple[str, str, str]] = {
-    kind: (KINDS[kind].group, KINDS[kind].version, KINDS[kind].plural) for kind in OWNED_KINDS
-}
-OWNED: dict[str, Any] = {labels.SERVICE: kopf.PRESENT, labels.APP_MANAGED_BY: labels.FIELD_MANAGER}
+# Every child kind the operator writes is watched into a cache.
+CHILD_RESOURCES = OWNED_KINDS
 
 
 # Work queue priorities: a watch event (a spec change, a pod turning ready) goes ahead of the
@@ -127,87 +131,104 @@ def retry_after(error: BaseException) -> tuple[float, bool]:
     return RETRY_S, False
 
 
-def observed_for(key: Key, indices: Mapping[str, Any]) -> Observed:
-    children: dict[tuple[str, str], ChildRef] = {}
-    for kind in CHILD_RESOURCES:
-        for ref in indices[index_name(kind)].get(key, ()):
-            children[(ref.kind, ref.name)] = ref
-    pods: Iterable[PodInfo] = indices["pods_index"].get(key, ())
-    return Observed(children=children, pods=tuple(pods))
+class ServiceCache:
+    """What a pass reads: each InferenceService's body (from kopf's watch) and its children
+    and pods (from the operator's informers, pdfleet.kube.informer)."""
+
+    def __init__(self) -> None:
+        self.services: dict[Key, dict[str, Any]] = {}
+        self.children = {kind: OwnedStore(child_projection(kind)) for kind in CHILD_RESOURCES}
+        self.pods: OwnedStore[PodInfo] = OwnedStore(Projection(owner=owner_of, value=pod_info))
+
+    def observed_for(self, key: Key) -> Observed:
+        children: dict[tuple[str, str], ChildRef] = {}
+        for store in self.children.values():
+            for ref in store.owned_by(key):
+                children[(ref.kind, ref.name)] = ref
+        return Observed(children=children, pods=self.pods.owned_by(key))
+
+    def informers(
+        self,
+        api: client.ApiClient,
+        namespaces: Sequence[str],
+        on_change: Callable[[Key], None],
+        on_synced: Callable[[], None],
+    ) -> list[Informer[Any]]:
+        """One informer per kind and watched namespace (one per kind cluster-wide)."""
+        watched: list[tuple[str, str, OwnedStore[Any]]] = [
+            (kind, OWNED_SELECTOR, store) for kind, store in self.children.items()
+        ]
+        watched.append(("Pod", labels.SERVICE, self.pods))
+        scopes: Sequence[str | None] = [*namespaces] if namespaces else [None]
+        return [
+            Informer(
+                api, kind, KINDS[kind].collection(namespace), selector, store, on_change, on_synced
+            )
+            for kind, selector, store in watched
+            for namespace in scopes
+        ]
 
 
-def index_name(kind: str) -> str:
-    return f"{kind.lower()}_index"
+OWNED_SELECTOR = f"{labels.SERVICE},{labels.APP_MANAGED_BY}={labels.FIELD_MANAGER}"
 
 
-def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: float) -> None:
-    """Register every handler on `registry`, bound to `controller`."""
-    state: dict[str, Any] = {}
+def owner_of(obj: Mapping[str, Any]) -> Key | None:
+    meta = obj.get("metadata") or {}
+    service = (meta.get("labels") or {}).get(labels.SERVICE)
+    return None if service is None else (str(meta.get("namespace")), str(service))
+
+
+def child_projection(kind: str) -> Projection[ChildRef]:
+    return Projection(owner=owner_of, value=lambda obj: child_ref({**obj, "kind": kind}))
+
+
+def watch_client(api: client.ApiClient, watches: int) -> client.ApiClient:
+    """A client of its own for the watches: each holds a pooled connection for minutes, and
+    sharing the writers' pool would leave the passes opening and discarding connections."""
+    configuration = copy.deepcopy(api.configuration)
+    configuration.connection_pool_maxsize = watches + 2
+    return client.ApiClient(configuration)
+
+
+def register(
+    controller: Controller,
+    registry: kopf.OperatorRegistry,
+    resync_s: float,
+    api: client.ApiClient,
+    namespaces: Sequence[str] = (),
+) -> None:
+    """Register every handler on `registry`, bound to `controller`; children and pods are
+    watched through `api` in `namespaces` (all when empty)."""
+    cache = ServiceCache()
+    stop = threading.Event()
+    tasks: list[asyncio.Task[None]] = []
 
     def reconcile_key(key: Key) -> PassResult | None:
-        indices = state["indices"]
-        bodies = list(indices["isvc_index"].get(key, ()))
-        if not bodies:
+        body = cache.services.get(key)
+        if body is None:
             controller.forget(*key)
             return None
-        return controller.reconcile(bodies[0], observed_for(key, indices))
+        return controller.reconcile(body, cache.observed_for(key))
 
     queue = WorkQueue(run=reconcile_key)
-    # kopf calls on.event handlers only once every index has taken in its kind's initial
-    # listing; the first call therefore tells the resync that the indexes are whole. Without
-    # it, a resync due while a restart still lists thousands of children (minutes at 1,000
-    # services) ran passes that saw a service's Services as missing, re-applied them, and
-    # recorded Created Events and status writes for unchanged services.
-    indexed = asyncio.Event()
 
-    def owner_key(namespace: str | None, meta_labels: Mapping[str, str]) -> Key:
-        return str(namespace), str(meta_labels[labels.SERVICE])
-
-    # Index and trigger functions are coroutines on purpose: kopf runs plain functions in its
-    # thread pool, which cost a thread hop per watch event (thousands with 1,000 services) and
-    # would call the asyncio work queue from another thread, which is not safe and does not
-    # wake the event loop (a spec change then waited for unrelated I/O before its pass began).
-    @kopf.index(labels.GROUP, labels.VERSION, labels.PLURAL, id="isvc_index", registry=registry)
-    async def isvc_index(
-        namespace: str | None, name: str, body: kopf.Body, **_: Any
-    ) -> dict[Key, dict[str, Any]]:
-        return {(str(namespace), name): {
-            "apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
-            "metadata": dict(body.metadata), "spec": dict(body.spec),
-            "status": dict(body.status),
-        }}  # fmt: skip
-
-    for kind, (group, version, plural) in CHILD_RESOURCES.items():
-
-        async def child_index(
-            namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
-        ) -> dict[Key, ChildRef]:
-            return {owner_key(namespace, labels): child_ref({**body, "kind": body.get("kind")})}
-
-        child_index.__name__ = index_name(kind)
-        kopf.index(group, version, plural, labels=OWNED, id=index_name(kind), registry=registry)(
-            child_index
-        )
-        kopf.on.event(
-            group, version, plural, labels=OWNED, id=f"{kind.lower()}_event", registry=registry
-        )(_trigger_owner(queue, owner_key, indexed))
-
-    @kopf.index(
-        "", "v1", "pods", labels={labels.SERVICE: kopf.PRESENT}, id="pods_index", registry=registry
-    )
-    async def pods_index(
-        namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
-    ) -> dict[Key, PodInfo]:
-        return {owner_key(namespace, labels): pod_info(body)}
-
-    kopf.on.event(
-        "", "v1", "pods", labels={labels.SERVICE: kopf.PRESENT}, id="pod_event", registry=registry
-    )(_trigger_owner(queue, owner_key, indexed))
-
+    # The handler is a coroutine on purpose: kopf runs plain functions in its thread pool,
+    # which costs a thread hop per watch event and would call the asyncio work queue from
+    # another thread (not safe, and it does not wake the event loop).
     @kopf.on.event(labels.GROUP, labels.VERSION, labels.PLURAL, registry=registry)
-    async def isvc_event(namespace: str | None, name: str, **_: Any) -> None:
-        indexed.set()
-        queue.put((str(namespace), name))
+    async def isvc_event(
+        event: Mapping[str, Any], namespace: str | None, name: str, body: kopf.Body, **_: Any
+    ) -> None:
+        key = (str(namespace), name)
+        if event.get("type") == "DELETED":
+            cache.services.pop(key, None)
+        else:
+            cache.services[key] = {
+                "apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+                "metadata": dict(body.metadata), "spec": dict(body.spec),
+                "status": dict(body.status),
+            }  # fmt: skip
+        queue.put(key)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -217,37 +238,60 @@ def register(controller: Controller, registry: kopf.OperatorRegistry, resync_s: 
         return info or kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.startup(registry=registry)
-    async def start(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
-        state["indices"] = {key: value for key, value in kwargs.items() if key.endswith("_index")}
-        queue.start()
-        state["resync"] = asyncio.create_task(_resync(queue, state["indices"], resync_s, indexed))
+    async def start(**_: Any) -> None:
+        loop = asyncio.get_running_loop()
+
+        watches = (len(cache.children) + 1) * max(1, len(namespaces))
+        synced = CountDown(watches)
+
+        # Both are called from the informers' threads.
+        def on_change(key: Key) -> None:
+            loop.call_soon_threadsafe(queue.put, key)
+
+        def on_synced() -> None:
+            loop.call_soon_threadsafe(synced.count)
+
+        informers = cache.informers(watch_client(api, watches), namespaces, on_change, on_synced)
+        informer_threads(informers, stop)
+        tasks.append(asyncio.create_task(_serve(queue, cache, synced.done, resync_s)))
 
     @kopf.on.cleanup(registry=registry)
-    async def stop(**_: Any) -> None:
-        state["resync"].cancel()
+    async def stop_all(**_: Any) -> None:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await queue.stop()
 
 
-def _trigger_owner(
-    queue: WorkQueue,
-    owner_key: Callable[[str | None, Mapping[str, str]], Key],
-    indexed: asyncio.Event,
-) -> Callable[..., Awaitable[None]]:
-    async def trigger(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
-        indexed.set()
-        queue.put(owner_key(namespace, labels))
+@dataclass
+class CountDown:
+    """Set `done` after `remaining` calls of `count` (the informers' first listings)."""
 
-    return trigger
+    remaining: int
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def count(self) -> None:
+        self.remaining -= 1
+        if self.remaining <= 0:
+            self.done.set()
 
 
-async def _resync(
-    queue: WorkQueue, indices: Mapping[str, Any], interval_s: float, indexed: asyncio.Event
+async def _serve(
+    queue: WorkQueue, cache: ServiceCache, synced: asyncio.Event, interval_s: float
 ) -> None:
-    """Reconcile every service periodically: level-based safety net for missed events. The
-    first sweep waits until kopf has filled every index (`indexed`): a pass on a partial
-    index would take a listed-later child for a missing one."""
-    await indexed.wait()
+    """Start the passes once the children are known, then resync every service periodically
+    (a level-based safety net for missed events). A pass before the first listings end would
+    take a listed-later child for a missing one and write it again."""
+    await synced.wait()
+    children = sum(len(store) for store in cache.children.values())
+    log.info("listed %d children and %d pods; reconciling", children, len(cache.pods))
+    queue.start()
+    await _resync(queue, cache.services, interval_s)
+
+
+async def _resync(queue: WorkQueue, services: Mapping[Key, Any], interval_s: float) -> None:
     while True:
         await asyncio.sleep(interval_s)
-        for key in list(indices["isvc_index"].keys()):
+        for key in list(services):
             queue.put(key, RESYNC)

@@ -34,9 +34,11 @@ class Kind:
     def version(self) -> str:
         return self.group_version.rpartition("/")[2]
 
-    def collection(self, namespace: str) -> str:
+    def collection(self, namespace: str | None) -> str:
+        """The collection's path in `namespace`, or across the cluster for None."""
         prefix = "/api/v1" if self.group_version == "v1" else f"/apis/{self.group_version}"
-        return f"{prefix}/namespaces/{namespace}/{self.plural}"
+        scope = f"/namespaces/{namespace}" if namespace is not None else ""
+        return f"{prefix}{scope}/{self.plural}"
 
 
 KINDS: dict[str, Kind] = {
