@@ -49,7 +49,7 @@ from pdfleet.reconcile.observed import (
     overlay,
     with_marks,
 )
-from pdfleet.reconcile.plan import desired_replicas, plan
+from pdfleet.reconcile.plan import RenderCache, desired_replicas, plan
 from pdfleet.reconcile.status import (
     INSUFFICIENT_CAPACITY,
     READY,
@@ -175,6 +175,7 @@ class Controller:
         self._written: dict[tuple[str, str], dict[tuple[str, str], tuple[ChildRef, float]]] = {}
         self._status_written: dict[tuple[str, str], tuple[dict[str, Any], float]] = {}
         self._marks: dict[tuple[str, str], dict[str, tuple[str | None, float]]] = {}
+        self._rendered = RenderCache()
         # Drains already reported (Event + metric), by service: the StatefulSet's lowered
         # count may reach the watch index a pass late, and the report must not repeat.
         self._reported: dict[tuple[str, str], dict[tuple[str, str], float]] = {}
@@ -248,6 +249,7 @@ class Controller:
         metrics.forget_service(namespace, name)
         if self.autoscaler is not None:
             self.autoscaler.forget(namespace, name)
+        self._rendered.forget(namespace, name)
         with self._locks_guard:
             self._locks.pop((namespace, name), None)
             self._reported.pop((namespace, name), None)
@@ -302,7 +304,7 @@ class Controller:
             previous = self._autoscale(body, isvc, observed, previous, now)
             autoscale_after = parse_duration(isvc.spec.autoscaling.interval)
         applied, requeue = self._drain(body, isvc, observed, desired_replicas(isvc, previous))
-        replicas, child_plan = plan(isvc, observed, previous, self.config, applied)
+        replicas, child_plan = plan(isvc, observed, previous, self.config, applied, self._rendered)
         for key in child_plan.delete:
             self.writer.delete(key[0], key[1], namespace)
         for manifest in child_plan.apply:

@@ -8,14 +8,16 @@ import pytest
 
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.reconcile.observed import APPLIED_HASH, ChildRef, Observed, observed_from
-from pdfleet.reconcile.plan import desired_replicas, plan, with_hash
+from pdfleet.reconcile.plan import RenderCache, desired_replicas, plan, with_hash
 from pdfleet.render import render_children
 from tests.spec_cases import merge_patch, sample
 
 
-def _service(patch: dict[str, Any] | None = None, name: str = "minimal") -> InferenceService:
+def _service(
+    patch: dict[str, Any] | None = None, name: str = "minimal", generation: int | None = 1
+) -> InferenceService:
     obj = merge_patch(sample(name), patch or {})
-    obj["metadata"].update(namespace="ns", uid="u1", generation=1)
+    obj["metadata"].update(namespace="ns", uid="u1", generation=generation)
     return InferenceService.model_validate(obj)
 
 
@@ -120,3 +122,24 @@ def test_desired_replicas(
     patch: dict[str, Any], status: dict[str, Any] | None, expected: dict[str, int]
 ) -> None:
     assert desired_replicas(_service(patch), status) == expected
+
+
+def test_the_render_cache_renders_a_generation_once_per_pool_sizes() -> None:
+    cache = RenderCache()
+    isvc = _service()
+    counts = {"prefill": 1, "decode": 1}
+    first = cache.stamped(isvc, counts, None)
+    assert cache.stamped(isvc, counts, None) is first  # a resync pass: no render, no hash
+    assert cache.stamped(isvc, {"prefill": 2, "decode": 1}, None) is not first
+    changed = _service({"spec": {"engine": {"image": "example.com/worker:2"}}}, generation=2)
+    rendered = cache.stamped(changed, counts, None)
+    assert rendered == [with_hash(m) for m in render_children(changed, counts)]
+    cache.forget("ns", changed.metadata.name or "")
+    assert cache.stamped(changed, counts, None) is not rendered
+
+
+def test_an_object_without_a_generation_is_never_cached() -> None:
+    cache = RenderCache()
+    isvc = _service(generation=None)
+    counts = {"prefill": 1, "decode": 1}
+    assert cache.stamped(isvc, counts, None) is not cache.stamped(isvc, counts, None)
