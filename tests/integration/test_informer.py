@@ -12,7 +12,6 @@ from kubernetes import client
 from pdfleet import labels
 from pdfleet.handlers import child_projection
 from pdfleet.kube import informer as informer_module
-from pdfleet.kube.api import KINDS
 from pdfleet.kube.informer import Informer, OwnedStore
 from pdfleet.reconcile.observed import ChildRef
 from tests.integration.kube_helpers import wait_for
@@ -41,7 +40,7 @@ def watched(
     services = Informer(
         api_client,
         "Service",
-        KINDS["Service"].collection(namespace),
+        namespace,
         labels.SERVICE,
         OwnedStore(child_projection("Service")),
         changed.append,
@@ -89,4 +88,3 @@ def test_watch_events_change_the_store_and_name_the_owner(
     core.create_namespaced_service(namespace, _service(namespace, "c-0", "c"))
     wait_for(lambda: changed == [(namespace, "c")], 30, "the event after a resumed watch")
     assert len(services.store) == 6
-

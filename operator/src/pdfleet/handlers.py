@@ -29,7 +29,6 @@ from kubernetes import client
 
 from pdfleet import labels
 from pdfleet.controller import Controller, PassResult
-from pdfleet.kube.api import KINDS
 from pdfleet.kube.informer import Informer, OwnedStore, Projection
 from pdfleet.kube.informer import start as informer_threads
 from pdfleet.reconcile.observed import ChildRef, Observed, PodInfo, child_ref, pod_info
@@ -161,9 +160,7 @@ class ServiceCache:
         watched.append(("Pod", labels.SERVICE, self.pods))
         scopes: Sequence[str | None] = [*namespaces] if namespaces else [None]
         return [
-            Informer(
-                api, kind, KINDS[kind].collection(namespace), selector, store, on_change, on_synced
-            )
+            Informer(api, kind, namespace, selector, store, on_change, on_synced)
             for kind, selector, store in watched
             for namespace in scopes
         ]

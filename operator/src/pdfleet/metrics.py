@@ -24,6 +24,15 @@ CHILD_WRITES = Counter(
 STATUS_WRITES = Counter(
     "pdfleet_status_writes_total", "InferenceService status updates written by the operator."
 )
+WATCH_LISTS = Counter(
+    "pdfleet_watch_lists_total",
+    "Full listings by the operator's informers, by kind: one at start, more after a watch "
+    "expired (410) or broke.",
+    ["kind"],
+)
+WATCHED_OBJECTS = Gauge(
+    "pdfleet_watched_objects", "Objects held by the operator's informers, by kind.", ["kind"]
+)
 LEADER = Gauge("pdfleet_leader", "1 while this operator replica holds the leader lease.")
 DRAIN_DURATION = Histogram(
     "pdfleet_drain_duration_seconds",

@@ -18,8 +18,10 @@ from pdfleet.kube.informer import (
 from pdfleet.reconcile.observed import ChildRef
 
 
-def _sts(name: str, service: str | None = "svc", ready: int = 0, rv: str = "1") -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": "ns", "resourceVersion": rv}
+def _sts(
+    name: str, service: str | None = "svc", ready: int = 0, rv: str = "1", namespace: str = "ns"
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "resourceVersion": rv}
     if service is not None:
         meta["labels"] = {labels.SERVICE: service}
     return {"metadata": meta, "spec": {"replicas": 2}, "status": {"readyReplicas": ready}}
@@ -76,6 +78,15 @@ def test_a_relisting_is_the_whole_truth() -> None:
     assert store.owners() == {("ns", "a"), ("ns", "b"), ("ns", "d")}
     assert store.replace([]) == {("ns", "a"), ("ns", "b"), ("ns", "d")}
     assert len(store) == 0
+
+
+def test_a_namespace_relisting_leaves_other_namespaces_alone() -> None:
+    """With --namespace a b, both namespaces' informers of a kind share one store."""
+    store = _store()
+    store.upsert(_sts("a-1", "a", namespace="one"))
+    store.upsert(_sts("b-1", "b", namespace="two"))
+    assert store.replace([], namespace="one") == {("one", "a")}
+    assert store.owners() == {("two", "b")}
 
 
 @pytest.mark.parametrize(

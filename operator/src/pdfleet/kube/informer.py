@@ -24,6 +24,9 @@ from typing import Any, Generic, TypeVar
 
 from kubernetes import client
 
+from pdfleet import metrics
+from pdfleet.kube.api import KINDS
+
 log = logging.getLogger(__name__)
 
 OwnerKey = tuple[str, str]
@@ -94,8 +97,12 @@ class OwnedStore(Generic[V]):
         with self._lock:
             return self._drop(object_key(obj))
 
-    def replace(self, objects: Iterable[Mapping[str, Any]]) -> set[OwnerKey]:
-        """Take a fresh listing as the whole truth; objects not in it were deleted."""
+    def replace(
+        self, objects: Iterable[Mapping[str, Any]], namespace: str | None = None
+    ) -> set[OwnerKey]:
+        """Take a fresh listing of `namespace` (None: the cluster) as the whole truth there;
+        objects of it not in the listing were deleted. Other namespaces' objects stay: one
+        store serves the informers of every watched namespace."""
         fresh: dict[ObjectKey, tuple[OwnerKey, V]] = {}
         for obj in objects:
             owner = self.projection.owner(obj)
@@ -103,7 +110,10 @@ class OwnedStore(Generic[V]):
                 fresh[object_key(obj)] = (owner, self.projection.value(obj))
         changed: set[OwnerKey] = set()
         with self._lock:
-            for key in [key for key in self._objects if key not in fresh]:
+            gone = [
+                key for key in self._objects if key not in fresh and namespace in (None, key[0])
+            ]
+            for key in gone:
                 changed |= self._drop(key)
             for key, (owner, value) in fresh.items():
                 changed |= self._put(key, owner, value)
@@ -161,7 +171,7 @@ def json_lines(chunks: Iterable[bytes]) -> Iterator[dict[str, Any]]:
 
 
 class Informer(Generic[V]):
-    """One kind at one collection path (a namespace's, or the cluster's), kept in `store`.
+    """One kind in one namespace (None: across the cluster), kept in `store`.
 
     Both callbacks run in this informer's thread: `on_change` with each owner whose view
     changed after the first listing (that listing is what passes start from, not a change),
@@ -172,13 +182,14 @@ class Informer(Generic[V]):
         self,
         api: client.ApiClient,
         kind: str,
-        path: str,
+        namespace: str | None,
         label_selector: str,
         store: OwnedStore[V],
         on_change: Callable[[OwnerKey], None],
         on_synced: Callable[[], None] = lambda: None,
     ):
-        self.api, self.kind, self.path = api, kind, path
+        self.api, self.kind, self.namespace = api, kind, namespace
+        self.path = KINDS[kind].collection(namespace)
         self.label_selector = label_selector
         self.store = store
         self.on_change, self.on_synced = on_change, on_synced
@@ -214,7 +225,9 @@ class Informer(Generic[V]):
             token = meta.get("continue") or ""
             if not token:
                 break
-        changed = self.store.replace(objects)
+        changed = self.store.replace(objects, self.namespace)
+        metrics.WATCH_LISTS.labels(kind=self.kind).inc()
+        metrics.WATCHED_OBJECTS.labels(kind=self.kind).set(len(self.store))
         if self.synced:
             self._notify(changed)
         else:
@@ -238,6 +251,7 @@ class Informer(Generic[V]):
                 changed, seen = apply_event(self.store, event)
                 version = seen or version
                 self._notify(changed)
+            metrics.WATCHED_OBJECTS.labels(kind=self.kind).set(len(self.store))
         finally:
             response.release_conn()
         return version
