@@ -13,6 +13,7 @@ from pdfleet.handlers import (
     CountDown,
     ServiceCache,
     WorkQueue,
+    _resync,
     _serve,
     retry_after,
 )
@@ -114,3 +115,21 @@ async def test_no_pass_runs_until_every_informer_has_listed() -> None:
     finally:
         task.cancel()
         await queue.stop()
+
+
+async def test_the_resync_spreads_every_service_over_the_interval() -> None:
+    """One service every interval/N, not a sweep of N at once every interval."""
+    queue = WorkQueue(run=lambda _: None)
+    services = {("ns", f"svc-{i}"): {} for i in range(4)}
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 6:
+            raise asyncio.CancelledError
+
+    with pytest.raises(asyncio.CancelledError):
+        await _resync(queue, services, 60.0, sleep)
+    assert slept == [15.0] * 6
+    # A whole sweep, then the next sweep's first service: each in the queue once.
+    assert _drain(queue) == list(services)

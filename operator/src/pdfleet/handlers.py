@@ -20,7 +20,7 @@ import asyncio
 import copy
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -287,8 +287,19 @@ async def _serve(
     await _resync(queue, cache.services, interval_s)
 
 
-async def _resync(queue: WorkQueue, services: Mapping[Key, Any], interval_s: float) -> None:
+async def _resync(
+    queue: WorkQueue,
+    services: Mapping[Key, Any],
+    interval_s: float,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """Every service once per interval, spread evenly across it. Queuing a sweep of 1,000
+    services at once kept every worker busy for seconds each minute, and a spec change that
+    arrived then waited behind them for the GIL (p99 latency, docs/benchmarks/scale)."""
     while True:
-        await asyncio.sleep(interval_s)
-        for key in list(services):
+        keys = list(services)
+        if not keys:
+            await sleep(interval_s)
+        for key in keys:
+            await sleep(interval_s / len(keys))
             queue.put(key, RESYNC)

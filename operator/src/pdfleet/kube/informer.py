@@ -36,7 +36,9 @@ ObjectKey = tuple[str, str]
 
 V = TypeVar("V")
 
-PAGE_SIZE = 500
+# Small pages: a page of whole objects (a StatefulSet with its pod template is tens of KB
+# once parsed) is garbage once projected, and every kind lists at once at start.
+PAGE_SIZE = 100
 WATCH_TIMEOUT_S = 300
 # The API server sends a bookmark about once a minute, so a silent socket for longer than
 # this is dead (a node or a load balancer dropped it without a reset).
@@ -103,11 +105,21 @@ class OwnedStore(Generic[V]):
         """Take a fresh listing of `namespace` (None: the cluster) as the whole truth there;
         objects of it not in the listing were deleted. Other namespaces' objects stay: one
         store serves the informers of every watched namespace."""
-        fresh: dict[ObjectKey, tuple[OwnerKey, V]] = {}
+        return self.replace_projected(self.project(objects), namespace)
+
+    def project(self, objects: Iterable[Mapping[str, Any]]) -> dict[ObjectKey, tuple[OwnerKey, V]]:
+        """What the store would keep of `objects`: a listing is projected page by page, so
+        the whole listing is never in memory at once."""
+        projected: dict[ObjectKey, tuple[OwnerKey, V]] = {}
         for obj in objects:
             owner = self.projection.owner(obj)
             if owner is not None:
-                fresh[object_key(obj)] = (owner, self.projection.value(obj))
+                projected[object_key(obj)] = (owner, self.projection.value(obj))
+        return projected
+
+    def replace_projected(
+        self, fresh: Mapping[ObjectKey, tuple[OwnerKey, V]], namespace: str | None = None
+    ) -> set[OwnerKey]:
         changed: set[OwnerKey] = set()
         with self._lock:
             gone = [
@@ -214,18 +226,19 @@ class Informer(Generic[V]):
 
     def sync(self) -> str:
         """List every object in pages into the store; the listing's resourceVersion."""
-        objects: list[Mapping[str, Any]] = []
+        fresh: dict[ObjectKey, tuple[OwnerKey, V]] = {}
         token = ""
         while True:
             query = [("labelSelector", self.label_selector), ("limit", PAGE_SIZE)]
             page = self._get(query + ([("continue", token)] if token else []))
+            items = page.get("items") or ()
             # List items carry no kind; the projections read it.
-            objects += [{**item, "kind": self.kind} for item in page.get("items") or ()]
+            fresh |= self.store.project({**item, "kind": self.kind} for item in items)
             meta = page.get("metadata") or {}
             token = meta.get("continue") or ""
             if not token:
                 break
-        changed = self.store.replace(objects, self.namespace)
+        changed = self.store.replace_projected(fresh, self.namespace)
         metrics.WATCH_LISTS.labels(kind=self.kind).inc()
         metrics.WATCHED_OBJECTS.labels(kind=self.kind).set(len(self.store))
         if self.synced:
