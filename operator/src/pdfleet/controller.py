@@ -13,7 +13,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -49,7 +49,7 @@ from pdfleet.reconcile.observed import (
     overlay,
     with_marks,
 )
-from pdfleet.reconcile.plan import RenderCache, desired_replicas, plan
+from pdfleet.reconcile.plan import RenderCache, desired_replicas, plan, write_waves
 from pdfleet.reconcile.status import (
     INSUFFICIENT_CAPACITY,
     READY,
@@ -58,7 +58,7 @@ from pdfleet.reconcile.status import (
     merge_foreign_condition,
     status_changed,
 )
-from pdfleet.render import RenderConfig
+from pdfleet.render import Manifest, RenderConfig
 from pdfleet.render.common import child_name
 from pdfleet_worker.preflight.plan import PreflightResult, failed
 
@@ -71,6 +71,9 @@ RECENT_WRITE_S = 10.0
 # newer object (reconcile/observed.index_lags), so it can stand in for as long as the lag.
 WRITTEN_KEEP_S = 300.0
 INDEX_LAG_WARN_S = 5.0
+# Child writes in flight at once, over all passes (the API client's connection pool is sized
+# for these, the passes' own status writes and the lease).
+WRITES_IN_FLIGHT = 8
 # How soon a pass looks again at a preflight run it left in flight.
 PREFLIGHT_POLL_S = 1.0
 # API answers that refuse a child until someone changes the spec (400, 422: malformed or
@@ -184,6 +187,9 @@ class Controller:
         # Runs in flight: a run can take seconds (UCX set-up, a slow fabric) up to its
         # timeout, and the service's passes (drains, scale-ups) must not wait for it.
         self._preflight_runs: dict[tuple[str, str], _PreflightRun] = {}
+        # Shared by every pass: a wave of one pass's children goes out at once, and the pool
+        # bounds the operator's writes in flight (connections to the API server).
+        self._writes = ThreadPoolExecutor(max_workers=WRITES_IN_FLIGHT, thread_name_prefix="apply")
         self._preflight_runner = preflight_runner or ThreadPoolExecutor(
             max_workers=4, thread_name_prefix="preflight"
         )
@@ -307,25 +313,23 @@ class Controller:
         replicas, child_plan = plan(isvc, observed, previous, self.config, applied, self._rendered)
         for key in child_plan.delete:
             self.writer.delete(key[0], key[1], namespace)
-        for manifest in child_plan.apply:
-            try:
-                written = self.writer.apply(manifest, namespace)
-            except ApiException as error:
-                if namespace_terminating(error):
+        for manifest, outcome in self._apply_in_waves(child_plan.apply, namespace):
+            if isinstance(outcome, ApiException):
+                if namespace_terminating(outcome):
                     log.info("%s/%s: namespace is being deleted; nothing to do", namespace, name)
                     return PassResult(0, 0, False)
-                if not is_rejection(error):
-                    raise
+                if not is_rejection(outcome):
+                    raise outcome
                 # The spec passed admission but a child built from it did not (free-form
                 # fields such as nodeSelector keys or affinity are checked only there).
                 # Retrying cannot help until the spec changes: report it, do not raise.
-                message = rejection_message(manifest, error)
-                metrics.RECONCILE_ERRORS.labels(reason=str(error.status)).inc()
+                message = rejection_message(manifest, outcome)
+                metrics.RECONCILE_ERRORS.labels(reason=str(outcome.status)).inc()
                 new = invalid_status(
                     previous, meta.get("generation"), message, now, reason=CHILD_REJECTED
                 )
                 return self._write_status(body, original, new, CHILD_REJECTED, message)
-            self._remember((namespace, name), child_ref(written or manifest))
+            self._remember((namespace, name), child_ref(outcome or manifest))
         writes = len(child_plan.apply) + len(child_plan.delete)
         metrics.CHILD_WRITES.inc(writes)
         if writes:
@@ -351,6 +355,24 @@ class Controller:
         pending = (requeue, autoscale_after, preflight_after)
         requeue = min((t for t in pending if t is not None), default=None)
         return PassResult(writes, len(child_plan.delete), result.status_written, requeue)
+
+    def _apply_in_waves(
+        self, manifests: Sequence[Manifest], namespace: str
+    ) -> Iterator[tuple[Manifest, dict[str, Any] | ApiException]]:
+        """Apply each wave (plan.write_waves) at once, and yield every child with what the
+        API server answered, in render order. A spec change rewrites both StatefulSets: one
+        after the other, the second waited for the first's answer (docs/benchmarks/scale).
+        An error that is not the API server's answer is raised."""
+
+        def apply(manifest: Manifest) -> dict[str, Any] | ApiException:
+            try:
+                return self.writer.apply(manifest, namespace)
+            except ApiException as error:
+                return error
+
+        for wave in write_waves(manifests):
+            outcomes = [apply(wave[0])] if len(wave) == 1 else self._writes.map(apply, wave)
+            yield from zip(wave, outcomes, strict=True)
 
     def _autoscale(
         self,

@@ -8,7 +8,7 @@ import pytest
 
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.reconcile.observed import APPLIED_HASH, ChildRef, Observed, observed_from
-from pdfleet.reconcile.plan import RenderCache, desired_replicas, plan, with_hash
+from pdfleet.reconcile.plan import RenderCache, desired_replicas, plan, with_hash, write_waves
 from pdfleet.render import render_children
 from tests.spec_cases import merge_patch, sample
 
@@ -143,3 +143,18 @@ def test_an_object_without_a_generation_is_never_cached() -> None:
     isvc = _service(generation=None)
     counts = {"prefill": 1, "decode": 1}
     assert cache.stamped(isvc, counts, None) is not cache.stamped(isvc, counts, None)
+
+
+def test_workloads_are_written_after_what_their_pods_use() -> None:
+    children = render_children(_service(), {"prefill": 1, "decode": 1})
+    waves = write_waves(children)
+    assert [sorted({m["kind"] for m in wave}) for wave in waves] == [
+        ["PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount"],
+        ["Deployment", "StatefulSet"],
+    ]
+    assert [m for wave in waves for m in wave if m["kind"] == "Service"] == [
+        m for m in children if m["kind"] == "Service"
+    ]  # render order within a wave
+    statefulsets = [m for m in children if m["kind"] == "StatefulSet"]
+    assert write_waves(statefulsets) == [statefulsets]  # a spec change: one wave
+    assert write_waves([]) == []

@@ -57,18 +57,27 @@ KINDS: dict[str, Kind] = {
 }
 
 
+# Connections kept to the API server: the passes' concurrent child writes
+# (controller.WRITES_IN_FLIGHT), their status writes and Events, and the lease. The client's
+# default (5 per CPU) would open and discard connections on a small node.
+POOL_SIZE = 16
+
+
 def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
     """An ApiClient from the given kubeconfig, $KUBECONFIG, ~/.kube/config or in-cluster."""
+    configuration = client.Configuration()
+    loaded = False
     if kubeconfig is None:
         try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-            return client.ApiClient()
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            loaded = True
         except config.ConfigException:
             pass
-    configuration = client.Configuration()
-    config.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=kubeconfig, client_configuration=configuration
-    )
+    if not loaded:
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, client_configuration=configuration
+        )
+    configuration.connection_pool_maxsize = POOL_SIZE
     return client.ApiClient(configuration)
 
 

@@ -60,6 +60,16 @@ def needs_write(desired: Manifest, observed: ChildRef | None) -> bool:
     return desired["kind"] in SCALABLE_KINDS and observed.replicas != desired["spec"]["replicas"]
 
 
+def write_waves(manifests: Sequence[Manifest]) -> list[list[Manifest]]:
+    """The applies of a pass in waves whose members go out together, in render order within
+    each: first whatever a workload's pods use (ServiceAccount, Services, budgets, RBAC,
+    NetworkPolicies), then the workloads. A pod whose ServiceAccount does not exist yet is
+    refused, and its StatefulSet controller backs off before trying again."""
+    uses = [m for m in manifests if m["kind"] not in SCALABLE_KINDS]
+    workloads = [m for m in manifests if m["kind"] in SCALABLE_KINDS]
+    return [wave for wave in (uses, workloads) if wave]
+
+
 @dataclass(frozen=True)
 class ChildPlan:
     """The writes and deletes one pass needs."""
