@@ -38,13 +38,8 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, str]
 
-# Every child kind the operator writes is watched into a cache.
-CHILD_RESOURCES = OWNED_KINDS
-
-
 # Work queue priorities: a watch event (a spec change, a pod turning ready) goes ahead of the
-# periodic resync, which puts every service in the queue at once; with 1,000 services a
-# change that arrived just after a resync otherwise waited behind all of them.
+# periodic resync, so a change never waits behind resync passes already queued.
 URGENT, RESYNC = 0, 1
 
 
@@ -136,7 +131,8 @@ class ServiceCache:
 
     def __init__(self) -> None:
         self.services: dict[Key, dict[str, Any]] = {}
-        self.children = {kind: OwnedStore(child_projection(kind)) for kind in CHILD_RESOURCES}
+        # Every child kind the operator writes is watched.
+        self.children = {kind: OwnedStore(child_projection(kind)) for kind in OWNED_KINDS}
         self.pods: OwnedStore[PodInfo] = OwnedStore(Projection(owner=owner_of, value=pod_info))
 
     def observed_for(self, key: Key) -> Observed:

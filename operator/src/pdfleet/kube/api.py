@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client, config
+from kubernetes.client import rest
 from kubernetes.client.exceptions import ApiException
 
 from pdfleet import labels
@@ -81,6 +82,28 @@ def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
+def send(
+    api: client.ApiClient,
+    method: str,
+    path: str,
+    query: list[tuple[str, Any]],
+    headers: Mapping[str, str] | None = None,
+    body: Any = None,
+    timeout: tuple[float, float] | None = None,
+) -> rest.RESTResponse:
+    """One raw request with the client's credentials; the undecoded response (`.response`
+    is urllib3's, for streaming). The caller checks the status."""
+    method, url, all_headers, payload, post = api.param_serialize(
+        method,
+        path,
+        query_params=query,
+        header_params={"Accept": "application/json", **(headers or {})},
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    return api.call_api(method, url, all_headers, payload, post, _request_timeout=timeout)
+
+
 class KubeWriter:
     """Server-side apply and friends for one field manager."""
 
@@ -97,15 +120,8 @@ class KubeWriter:
         content_type: str = "application/json",
     ) -> dict[str, Any]:
         """One REST call; raises ApiException (or its 404/409/... subclasses) on failure."""
-        method, url, headers, payload, post = self.api.param_serialize(
-            method,
-            path,
-            query_params=query or [],
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        response = self.api.call_api(method, url, headers, payload, post)
+        headers = {"Content-Type": content_type}
+        response = send(self.api, method, path, query or [], headers, body)
         data: bytes | None = response.read()  # type: ignore[no-untyped-call]
         if not 200 <= response.status <= 299:
             raise ApiException.from_response(

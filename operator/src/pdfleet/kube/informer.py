@@ -25,7 +25,7 @@ from typing import Any, Generic, TypeVar
 from kubernetes import client
 
 from pdfleet import metrics
-from pdfleet.kube.api import KINDS
+from pdfleet.kube.api import KINDS, send
 
 log = logging.getLogger(__name__)
 
@@ -274,16 +274,7 @@ class Informer(Generic[V]):
             self.on_change(owner)
 
     def _open(self, query: list[tuple[str, Any]]) -> Any:
-        method, url, headers, _, _ = self.api.param_serialize(
-            "GET",
-            self.path,
-            query_params=query,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
-        response = self.api.call_api(
-            method, url, headers, _request_timeout=(10, READ_TIMEOUT_S)
-        ).response
+        response = send(self.api, "GET", self.path, query, timeout=(10, READ_TIMEOUT_S)).response
         if response.status == 410:
             response.release_conn()
             raise WatchExpiredError("resourceVersion too old")
