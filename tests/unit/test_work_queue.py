@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 
 import pytest
 from kubernetes.client.exceptions import ApiException
@@ -90,6 +92,31 @@ def _api_error(status: int, headers: dict[str, str] | None = None) -> ApiExcepti
 )
 def test_retry_after(error: BaseException, want: tuple[float, bool]) -> None:
     assert retry_after(error) == want
+
+
+async def test_passes_waiting_on_the_api_server_run_side_by_side() -> None:
+    """`workers` passes run at once in the queue's own threads: a pass that waits for a
+    status write must not hold up the services queued behind it (docs/operator.md)."""
+    workers = min(32, (os.cpu_count() or 1) + 4) + 1  # one more than asyncio's default pool
+    everyone_in = threading.Barrier(workers, timeout=5)
+    ran: list[Key] = []
+
+    def run(key: Key) -> None:
+        everyone_in.wait()  # broken (and raising) unless `workers` passes are in at once
+        ran.append(key)
+
+    queue = WorkQueue(run=run, workers=workers)
+    queue.start()
+    try:
+        for i in range(workers):
+            queue.put(("ns", f"svc-{i}"))
+        for _ in range(300):
+            if len(ran) == workers:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await queue.stop()
+    assert sorted(ran) == [("ns", f"svc-{i}") for i in range(workers)]
 
 
 async def test_no_pass_runs_until_every_informer_has_listed() -> None:

@@ -104,7 +104,7 @@ def cmd_operator_run(args: argparse.Namespace) -> int:
         autoscaler=Autoscaler(source_for=_prometheus_sources(), clock_s=time.time),
     )
     registry = kopf.OperatorRegistry()
-    register(controller, registry, args.resync_seconds, api, args.namespace)
+    register(controller, registry, args.resync_seconds, api, args.namespace, args.workers)
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: object) -> None:
@@ -235,7 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics-port", type=int, default=8080)
     run.add_argument("--health-port", type=int, default=8081)
     run.add_argument("--resync-seconds", type=float, default=60.0)
-    run.add_argument("--workers", type=int, default=8, help="threads for API calls")
+    run.add_argument(
+        "--workers", type=int, default=16, help="reconcile passes at once (they wait on the API)"
+    )
     run.add_argument("--leader-election", action=argparse.BooleanOptionalAction, default=True)
     run.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"))
     run.add_argument("--lease-name", default="pdfleet-operator")

@@ -21,6 +21,7 @@ import copy
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,16 +47,23 @@ URGENT, RESYNC = 0, 1
 @dataclass
 class WorkQueue:
     """Coalescing priority queue of services to reconcile: a burst of pod events is one pass,
-    and event-triggered passes go before resync passes."""
+    and event-triggered passes go before resync passes.
+
+    Passes run in `workers` threads of their own. A pass spends most of its time waiting for
+    the API server (a status patch, an Event), so while a large fleet converges the number of
+    passes in flight, not the CPU, sets how long a queued service waits: with 4 (asyncio's
+    default pool on a 2-core node has 6 threads) a KV preflight verdict waited about 90 s for
+    its pass at 1,000 services (docs/benchmarks/scale)."""
 
     run: Callable[[Key], Any]
-    workers: int = 4
+    workers: int = 16
     _queue: asyncio.PriorityQueue[tuple[int, int, Key]] = field(
         default_factory=asyncio.PriorityQueue
     )
     _queued: dict[Key, int] = field(default_factory=dict)
     _seq: int = 0
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _threads: ThreadPoolExecutor | None = None
 
     def put(self, key: Key, priority: int = URGENT) -> None:
         """Queue `key` once; a queued resync entry is promoted by an urgent put."""
@@ -74,31 +82,35 @@ class WorkQueue:
         return key
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._work()) for _ in range(self.workers)]
+        self._threads = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="pass")
+        self._tasks = [asyncio.create_task(self._work(self._threads)) for _ in range(self.workers)]
 
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
 
-    async def _work(self) -> None:
+    async def _work(self, threads: ThreadPoolExecutor) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             key = self.next_key(await self._queue.get())
             if key is None:
                 continue
             try:
-                result = await asyncio.to_thread(self.run, key)
+                result = await loop.run_in_executor(threads, self.run, key)
                 # A pass can ask to come back soon (a drain waiting on in-flight requests).
                 delay = getattr(result, "requeue_after_s", None)
                 if delay:
-                    asyncio.get_running_loop().call_later(delay, self.put, key)
+                    loop.call_later(delay, self.put, key)
             except Exception as error:  # one bad object must never stop the others
                 delay, expected = retry_after(error)
                 if expected:
                     log.warning("reconcile of %s/%s: %s; retrying in %.0fs", *key, error, delay)
                 else:
                     log.exception("reconcile of %s/%s failed; retrying in %.0fs", *key, delay)
-                asyncio.get_running_loop().call_later(delay, self.put, key)
+                loop.call_later(delay, self.put, key)
 
 
 RETRY_S = 5.0
@@ -189,9 +201,10 @@ def register(
     resync_s: float,
     api: client.ApiClient,
     namespaces: Sequence[str] = (),
+    passes: int = WorkQueue.workers,
 ) -> None:
     """Register every handler on `registry`, bound to `controller`; children and pods are
-    watched through `api` in `namespaces` (all when empty)."""
+    watched through `api` in `namespaces` (all when empty); up to `passes` run at once."""
     cache = ServiceCache()
     stop = threading.Event()
     tasks: list[asyncio.Task[None]] = []
@@ -203,7 +216,7 @@ def register(
             return None
         return controller.reconcile(body, cache.observed_for(key))
 
-    queue = WorkQueue(run=reconcile_key)
+    queue = WorkQueue(run=reconcile_key, workers=passes)
 
     # The handler is a coroutine on purpose: kopf runs plain functions in its thread pool,
     # which costs a thread hop per watch event and would call the asyncio work queue from

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -58,10 +60,17 @@ KINDS: dict[str, Kind] = {
 }
 
 
-# Connections kept to the API server: the passes' concurrent child writes
-# (controller.WRITES_IN_FLIGHT), their status writes and Events, and the lease. The client's
-# default (5 per CPU) would open and discard connections on a small node.
-POOL_SIZE = 16
+# Connections kept to the API server: the passes' status writes (16 passes at once by default,
+# handlers.WorkQueue), their concurrent child writes (controller.WRITES_IN_FLIGHT), the Event
+# posters and the lease. The client's default (5 per CPU) would open and discard connections
+# on a small node.
+POOL_SIZE = 32
+
+# Events are posted beside the passes: at 1,000 services converging, waiting for two Events a
+# service made passes longer and the work queue slower (docs/benchmarks/scale). As client-go's
+# recorder does, a bounded backlog drops new Events rather than grow without end.
+EVENT_POSTERS = 2
+EVENT_BACKLOG = 1000
 
 
 def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
@@ -110,6 +119,9 @@ class KubeWriter:
     def __init__(self, api: client.ApiClient, field_manager: str = labels.FIELD_MANAGER):
         self.api = api
         self.field_manager = field_manager
+        self._events: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=EVENT_BACKLOG)
+        self._posters: list[threading.Thread] = []
+        self._posters_guard = threading.Lock()
 
     def _call(
         self,
@@ -185,33 +197,63 @@ class KubeWriter:
         message: str,
         type_: str = "Normal",
     ) -> None:
-        """A core/v1 Event about an object; failures are logged, never raised (an Event must
-        not fail a reconcile)."""
-        meta = involved.get("metadata") or {}
-        namespace = str(meta.get("namespace") or "default")
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta.get('name')}.", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": involved.get("apiVersion"),
-                "kind": involved.get("kind"),
-                "name": meta.get("name"),
-                "namespace": namespace,
-                "uid": meta.get("uid"),
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": type_,
-            "source": {"component": self.field_manager},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+        """Record a core/v1 Event about an object. It is posted by threads of their own, so
+        a pass never waits for it; failures are logged, never raised (an Event must not fail
+        a reconcile). When EVENT_BACKLOG are waiting, new ones are dropped and logged."""
+        body = event_body(involved, reason, message, type_, self.field_manager)
         try:
-            self._call("POST", KINDS["Event"].collection(namespace), body=body)
-        except ApiException as error:
-            log.warning(
-                "could not record event %s on %s: %s", reason, meta.get("name"), error.reason
-            )
+            self._events.put_nowait(body)
+        except queue.Full:
+            log.warning("event backlog full; dropped %s on %s", reason, _involved_name(body))
+            return
+        with self._posters_guard:
+            while len(self._posters) < EVENT_POSTERS:
+                poster = threading.Thread(target=self._post_events, name="events", daemon=True)
+                poster.start()
+                self._posters.append(poster)
+
+    def _post_events(self) -> None:
+        while True:
+            body = self._events.get()
+            try:
+                namespace = body["metadata"]["namespace"]
+                self._call("POST", KINDS["Event"].collection(namespace), body=body)
+            except Exception as error:  # a poster outlives any one failure
+                log.warning(
+                    "could not record event %s on %s: %s",
+                    body["reason"], _involved_name(body), getattr(error, "reason", None) or error,
+                )  # fmt: skip
+            finally:
+                self._events.task_done()
+
+
+def _involved_name(event: Mapping[str, Any]) -> str:
+    return str(event["involvedObject"]["name"])
+
+
+def event_body(
+    involved: Mapping[str, Any], reason: str, message: str, type_: str, component: str
+) -> dict[str, Any]:
+    """The core/v1 Event for `involved`, stamped now."""
+    meta = involved.get("metadata") or {}
+    namespace = str(meta.get("namespace") or "default")
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta.get('name')}.", "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": involved.get("apiVersion"),
+            "kind": involved.get("kind"),
+            "name": meta.get("name"),
+            "namespace": namespace,
+            "uid": meta.get("uid"),
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": type_,
+        "source": {"component": component},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }

@@ -1,0 +1,104 @@
+"""Events are posted beside the passes: recording one never waits for the API server."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from pdfleet.kube import api
+from pdfleet.kube.api import KubeWriter, event_body
+
+SERVICE = {
+    "apiVersion": "pdfleet.ai/v1alpha1",
+    "kind": "InferenceService",
+    "metadata": {"name": "svc", "namespace": "ns", "uid": "u-1"},
+}
+
+
+class SlowServer:
+    """Stands in for KubeWriter._call: holds every POST until released, fails on request."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.posted: list[dict[str, Any]] = []
+        self.fail_first = False
+
+    def call(self, method: str, path: str, body: Any = None, **_: Any) -> dict[str, Any]:
+        assert (method, path) == ("POST", "/api/v1/namespaces/ns/events")
+        self.release.wait(5)
+        if self.fail_first:
+            self.fail_first = False
+            raise ApiException(status=500, reason="etcd timeout")
+        self.posted.append(body)
+        return {}
+
+
+def _writer(monkeypatch: pytest.MonkeyPatch, server: SlowServer) -> KubeWriter:
+    writer = KubeWriter(api=None)  # type: ignore[arg-type]  # never reached: _call is replaced
+    monkeypatch.setattr(writer, "_call", server.call)
+    return writer
+
+
+def _wait_for(check: Any) -> None:
+    for _ in range(500):
+        if check():
+            return
+        time.sleep(0.01)
+    raise AssertionError("not in 5 s")
+
+
+def test_recording_an_event_returns_before_the_api_server_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = SlowServer()
+    writer = _writer(monkeypatch, server)
+    writer.event(SERVICE, "Created", "children created")
+    assert server.posted == []  # the server holds it: the pass went on regardless
+    server.release.set()
+    _wait_for(lambda: len(server.posted) == 1)
+    posted = server.posted[0]
+    assert posted["reason"] == "Created" and posted["involvedObject"]["uid"] == "u-1"
+
+
+def test_a_failed_post_is_logged_and_the_next_event_still_goes_out(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = SlowServer()
+    server.fail_first = True
+    server.release.set()
+    writer = _writer(monkeypatch, server)
+    monkeypatch.setattr(api, "EVENT_POSTERS", 1)  # one poster: the failure comes first
+    writer.event(SERVICE, "First", "lost to the server")
+    writer.event(SERVICE, "Second", "posted")
+    _wait_for(lambda: len(server.posted) == 1)
+    assert server.posted[0]["reason"] == "Second"
+    assert "could not record event First on svc: etcd timeout" in caplog.text
+
+
+def test_a_full_backlog_drops_new_events_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(api, "EVENT_BACKLOG", 2)
+    monkeypatch.setattr(api, "EVENT_POSTERS", 1)
+    server = SlowServer()
+    writer = _writer(monkeypatch, server)
+    writer.event(SERVICE, "Held", "the poster takes it and waits on the server")
+    _wait_for(lambda: writer._events.empty())
+    writer.event(SERVICE, "Queued-1", "")
+    writer.event(SERVICE, "Queued-2", "")
+    writer.event(SERVICE, "Dropped", "")
+    server.release.set()
+    _wait_for(lambda: len(server.posted) == 3)
+    assert [e["reason"] for e in server.posted] == ["Held", "Queued-1", "Queued-2"]
+    assert "event backlog full; dropped Dropped on svc" in caplog.text
+
+
+def test_the_event_names_its_object_and_is_cut_to_the_api_limit() -> None:
+    body = event_body(SERVICE, "Stalled", "x" * 5000, "Warning", "pdfleet-operator")
+    assert body["metadata"] == {"generateName": "svc.", "namespace": "ns"}
+    assert body["type"] == "Warning" and body["source"] == {"component": "pdfleet-operator"}
+    assert len(body["message"]) == 1024
