@@ -98,21 +98,28 @@ def test_audit_lines_count_each_request_once_and_keep_leases_apart() -> None:
 
 
 def test_latency_breakdown_splits_reaction_and_server_time() -> None:
+    """The writes of one pass go out at once: the server's share is their span, not a sum."""
+
     def sts(name: str, t: float, took: float) -> AuditEntry:
         return AuditEntry(t, "patch", "statefulsets", OPERATOR_USER, 200, t + took, "ns", name)
 
     entries = [
         sts("a-prefill", 5.0, 0.5),  # before the change: not this change's pass
         sts("a-prefill", 10.3, 0.2),
-        sts("a-decode", 10.5, 0.3),
+        sts("a-decode", 10.35, 0.3),
         sts("a-decode", 30.0, 0.3),  # a later pass (pods rolling)
         sts("b-prefill", 20.1, 0.1),
         sts("b-decode", 20.2, 0.1),
     ]
-    got = latency_breakdown(entries, [("ns", "a", 10.0), ("ns", "b", 20.0), ("ns", "c", 25.0)])
+    changed = [("ns", "a", 10.0, 10.1), ("ns", "b", 20.0, 20.05), ("ns", "c", 25.0, 25.1)]
+    got = latency_breakdown(entries, changed)
     assert got["changes"] == 2
-    assert got["reaction_p99_s"] == pytest.approx(0.3) and got["server_p99_s"] == pytest.approx(0.5)
-    assert got["reaction_p50_s"] == pytest.approx(0.1) and got["server_p50_s"] == pytest.approx(0.2)
+    assert got["reaction_p99_s"] == pytest.approx(0.3) and got["reaction_p50_s"] == pytest.approx(
+        0.1
+    )
+    assert got["after_commit_p99_s"] == pytest.approx(0.2)
+    assert got["after_commit_p50_s"] == pytest.approx(0.05)
+    assert got["server_p99_s"] == pytest.approx(0.35) and got["server_p50_s"] == pytest.approx(0.2)
 
 
 def test_a_kv_verdict_is_any_kv_transport_condition() -> None:
