@@ -56,6 +56,7 @@ from pdfleet.reconcile.status import (
     compute_status,
     invalid_status,
     merge_foreign_condition,
+    progress_only,
     status_changed,
 )
 from pdfleet.render import Manifest, RenderConfig
@@ -71,6 +72,12 @@ RECENT_WRITE_S = 10.0
 # newer object (reconcile/observed.index_lags), so it can stand in for as long as the lag.
 WRITTEN_KEEP_S = 300.0
 INDEX_LAG_WARN_S = 5.0
+# A status change that is only pod counts (reconcile/status.progress_only) waits until this
+# long after the service's last status write, and goes out then with the counts of that
+# moment: four pods turning ready one after another are one write, not four. While 1,000
+# services converged, such writes were a third of the status writes (docs/benchmarks/scale).
+# A condition, a decision or a preflight record is written at once.
+STATUS_COALESCE_S = 1.0
 # Child writes in flight at once, over all passes (the API client's connection pool is sized
 # for these, the passes' own status writes and the lease).
 WRITES_IN_FLIGHT = 8
@@ -177,6 +184,7 @@ class Controller:
         self._locks_guard = threading.Lock()
         self._written: dict[tuple[str, str], dict[tuple[str, str], tuple[ChildRef, float]]] = {}
         self._status_written: dict[tuple[str, str], tuple[dict[str, Any], float]] = {}
+        self._status_written_at: dict[tuple[str, str], float] = {}
         self._marks: dict[tuple[str, str], dict[str, tuple[str | None, float]]] = {}
         self._rendered = RenderCache()
         # Drains already reported (Event + metric), by service: the StatefulSet's lowered
@@ -261,6 +269,7 @@ class Controller:
             self._reported.pop((namespace, name), None)
             self._written.pop((namespace, name), None)
             self._status_written.pop((namespace, name), None)
+            self._status_written_at.pop((namespace, name), None)
             self._marks.pop((namespace, name), None)
             self._preflight_tried.pop((namespace, name), None)
             self._preflight_runs.pop((namespace, name), None)
@@ -351,8 +360,8 @@ class Controller:
             self.writer.event(body, "InsufficientCapacity", message, "Warning")
         new, preflight_after = self._preflight(body, isvc, observed, new, now)
         metrics.export_status(namespace, name, new)
-        result = self._write_status(body, original, new)
-        pending = (requeue, autoscale_after, preflight_after)
+        result = self._write_status(body, original, new, coalesce=True)
+        pending = (requeue, autoscale_after, preflight_after, result.requeue_after_s)
         requeue = min((t for t in pending if t is not None), default=None)
         return PassResult(writes, len(child_plan.delete), result.status_written, requeue)
 
@@ -572,15 +581,21 @@ class Controller:
         new: Mapping[str, Any],
         event_reason: str | None = None,
         event_message: str = "",
+        coalesce: bool = False,
     ) -> PassResult:
+        """Write `new` if it changed anything; with `coalesce`, a change of pod counts alone
+        within STATUS_COALESCE_S of the last write waits, and the pass asks to come back."""
         if not status_changed(previous, new):
             return PassResult(0, 0, False)
         meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        now = time.monotonic()
+        since = now - self._status_written_at.get(key, -STATUS_COALESCE_S)
+        if coalesce and since < STATUS_COALESCE_S and progress_only(previous, new):
+            return PassResult(0, 0, False, requeue_after_s=STATUS_COALESCE_S - since)
         self.writer.patch_status(meta["namespace"], meta["name"], _status_patch(previous, new))
-        self._status_written[(meta["namespace"], meta["name"])] = (
-            dict(new),
-            time.monotonic() + RECENT_WRITE_S,
-        )
+        self._status_written[key] = (dict(new), now + RECENT_WRITE_S)
+        self._status_written_at[key] = now
         metrics.STATUS_WRITES.inc()
         if event_reason and _condition_status(previous, "SpecValid") != "False":
             self.writer.event(body, event_reason, event_message, "Warning")

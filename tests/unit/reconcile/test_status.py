@@ -9,7 +9,12 @@ import pytest
 
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.reconcile.observed import ChildRef, Observed, PodInfo
-from pdfleet.reconcile.status import compute_status, invalid_status, status_changed
+from pdfleet.reconcile.status import (
+    compute_status,
+    invalid_status,
+    progress_only,
+    status_changed,
+)
 from tests.spec_cases import sample
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -166,3 +171,22 @@ def test_conditions_owned_elsewhere_are_kept() -> None:
         _service(), _observed(ALL_READY), {"conditions": [metrics]}, DESIRED, NOW, 0
     )
     assert metrics in status["conditions"]
+
+
+def test_pod_counts_alone_are_progress_and_a_condition_or_decision_is_not() -> None:
+    isvc = _service()
+    starting = [_pod("prefill", 0, ready=False), _pod("decode", 0, phase="Pending", ready=False)]
+    before = compute_status(isvc, _observed(starting), None, DESIRED, NOW, writes=0)
+    scheduled = [_pod("prefill", 0, ready=False), _pod("decode", 0, ready=False)]
+    after = compute_status(isvc, _observed(scheduled), before, DESIRED, NOW, writes=0)
+    assert status_changed(before, after) and progress_only(before, after)
+
+    serving = compute_status(isvc, _observed(ALL_READY), after, DESIRED, NOW, writes=0)
+    assert _conditions(serving)["Ready"] == ("True", "Serving")
+    assert not progress_only(after, serving)  # Ready flipped: written at once
+
+    scaled = {**after, "decode": {**after["decode"], "desired": 2}}  # an autoscaler decision
+    assert not progress_only(after, scaled)
+    measured = {**after, "kvTransport": {"fingerprint": "f", "error": ""}}
+    assert not progress_only(after, measured)
+    assert not progress_only(None, after)

@@ -252,3 +252,27 @@ def merge_foreign_condition(
 def status_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
     """Whether writing `new` would change anything (the status is written only then)."""
     return dict(old or {}) != dict(new)
+
+
+# Pool counts that follow pods from one moment to the next; a change to nothing else is
+# progress (see progress_only).
+POD_COUNTS = ("replicas", "ready", "pending", "draining", "summary")
+
+
+def progress_only(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    """Whether `new` differs from `old` only in the pools' pod counts and the condition
+    messages that quote them: no condition changed status or reason, no decision (a pool's
+    `desired`, the autoscaler's blocks) and no preflight record changed."""
+
+    def essence(status: Mapping[str, Any]) -> dict[str, Any]:
+        kept: dict[str, Any] = {}
+        for key, value in status.items():
+            if key == "conditions":
+                kept[key] = sorted((c.get("type"), c.get("status"), c.get("reason")) for c in value)
+            elif isinstance(value, Mapping) and "summary" in value:  # a pool's block
+                kept[key] = {k: v for k, v in value.items() if k not in POD_COUNTS}
+            else:
+                kept[key] = value
+        return kept
+
+    return old is not None and essence(old) == essence(new)

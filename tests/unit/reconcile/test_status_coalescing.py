@@ -1,0 +1,69 @@
+"""Pod counts that change one after another make one status write, not one each."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from pdfleet import controller as controller_module
+from pdfleet.controller import Controller
+from pdfleet.reconcile.observed import Observed, PodInfo
+from tests.spec_cases import sample
+from tests.unit.fakes import Writer
+
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+def _pod(role: str, ordinal: int, phase: str = "Running", ready: bool = False) -> PodInfo:
+    return PodInfo(
+        name=f"llama-8b-{role}-{ordinal}", role=role, ordinal=ordinal, phase=phase,
+        ready=ready, pod_ip=f"10.0.0.{ordinal + 1}",
+    )  # fmt: skip
+
+
+def _status_writes(writer: Writer) -> int:
+    return sum(1 for call, _ in writer.calls if call == "status")
+
+
+def test_counts_wait_for_the_interval_and_go_out_with_the_latest_figures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(controller_module.time, "monotonic", lambda: clock[0])
+    body = sample("minimal")
+    body["metadata"].update(namespace="ns", uid="u1", generation=1)
+    writer = Writer()
+    controller = Controller(writer, clock=lambda: NOW)
+    controller.reconcile(body, Observed())  # creates the children, writes a status
+    assert _status_writes(writer) == 1
+
+    clock[0] += 0.2
+    pending = controller.reconcile(body, Observed(pods=(_pod("prefill", 0, "Pending"),)))
+    clock[0] += 0.3
+    running = controller.reconcile(body, Observed(pods=(_pod("prefill", 0),)))
+    assert _status_writes(writer) == 1  # counts only, within the interval: not yet
+    assert pending.requeue_after_s == pytest.approx(0.8)  # the pass comes back for them
+    assert running.requeue_after_s == pytest.approx(0.5)
+
+    clock[0] += 0.5
+    controller.reconcile(body, Observed(pods=(_pod("prefill", 0),)))
+    assert _status_writes(writer) == 2
+    assert writer.last_status["prefill"]["replicas"] == 1  # the figures of that moment
+    assert writer.last_status["prefill"]["pending"] == 0
+
+
+def test_a_condition_that_changes_is_written_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(controller_module.time, "monotonic", lambda: clock[0])
+    body = sample("minimal")
+    body["metadata"].update(namespace="ns", uid="u1", generation=1)
+    writer = Writer()
+    controller = Controller(writer, clock=lambda: NOW)
+    controller.reconcile(body, Observed())
+    clock[0] += 0.1
+    ready = (_pod("prefill", 0, ready=True), _pod("decode", 0, ready=True))
+    result = controller.reconcile(body, Observed(pods=ready))
+    assert result.status_written and _status_writes(writer) == 2
+    reasons = {c["type"]: c["reason"] for c in writer.last_status["conditions"]}
+    assert reasons["Ready"] == "RouterNotReady"  # was PoolsNotReady: news, not progress
