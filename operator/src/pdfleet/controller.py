@@ -183,8 +183,8 @@ class Controller:
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._written: dict[tuple[str, str], dict[tuple[str, str], tuple[ChildRef, float]]] = {}
+        # The last status this operator wrote per service, with when (monotonic).
         self._status_written: dict[tuple[str, str], tuple[dict[str, Any], float]] = {}
-        self._status_written_at: dict[tuple[str, str], float] = {}
         self._marks: dict[tuple[str, str], dict[str, tuple[str | None, float]]] = {}
         self._rendered = RenderCache()
         # Drains already reported (Event + metric), by service: the StatefulSet's lowered
@@ -250,7 +250,7 @@ class Controller:
 
     def _recent_status(self, key: tuple[str, str]) -> dict[str, Any] | None:
         written = self._status_written.get(key)
-        if written is None or written[1] < time.monotonic():
+        if written is None or time.monotonic() - written[1] > RECENT_WRITE_S:
             self._status_written.pop(key, None)
             return None
         return written[0]
@@ -269,7 +269,6 @@ class Controller:
             self._reported.pop((namespace, name), None)
             self._written.pop((namespace, name), None)
             self._status_written.pop((namespace, name), None)
-            self._status_written_at.pop((namespace, name), None)
             self._marks.pop((namespace, name), None)
             self._preflight_tried.pop((namespace, name), None)
             self._preflight_runs.pop((namespace, name), None)
@@ -590,12 +589,12 @@ class Controller:
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         now = time.monotonic()
-        since = now - self._status_written_at.get(key, -STATUS_COALESCE_S)
+        last = self._status_written.get(key)
+        since = now - last[1] if last else STATUS_COALESCE_S
         if coalesce and since < STATUS_COALESCE_S and progress_only(previous, new):
             return PassResult(0, 0, False, requeue_after_s=STATUS_COALESCE_S - since)
         self.writer.patch_status(meta["namespace"], meta["name"], _status_patch(previous, new))
-        self._status_written[key] = (dict(new), now + RECENT_WRITE_S)
-        self._status_written_at[key] = now
+        self._status_written[key] = (dict(new), now)
         metrics.STATUS_WRITES.inc()
         if event_reason and _condition_status(previous, "SpecValid") != "False":
             self.writer.event(body, event_reason, event_message, "Warning")
