@@ -114,12 +114,12 @@ def test_latency_breakdown_splits_reaction_and_server_time() -> None:
     changed = [("ns", "a", 10.0, 10.1), ("ns", "b", 20.0, 20.05), ("ns", "c", 25.0, 25.1)]
     got = latency_breakdown(entries, changed)
     assert got["changes"] == 2
-    assert got["reaction_p99_s"] == pytest.approx(0.3) and got["reaction_p50_s"] == pytest.approx(
-        0.1
-    )
+    assert got["reaction_p99_s"] == pytest.approx(0.3)
+    assert got["reaction_p50_s"] == pytest.approx(0.1)
     assert got["after_commit_p99_s"] == pytest.approx(0.2)
     assert got["after_commit_p50_s"] == pytest.approx(0.05)
-    assert got["server_p99_s"] == pytest.approx(0.35) and got["server_p50_s"] == pytest.approx(0.2)
+    assert got["server_p99_s"] == pytest.approx(0.35)
+    assert got["server_p50_s"] == pytest.approx(0.2)
 
 
 def test_a_kv_verdict_is_any_kv_transport_condition() -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from e2e.cluster import wait_until
 from pdfleet.kube import api
 from pdfleet.kube.api import KubeWriter, event_body
 
@@ -43,12 +44,8 @@ def _writer(monkeypatch: pytest.MonkeyPatch, server: SlowServer) -> KubeWriter:
     return writer
 
 
-def _wait_for(check: Any) -> None:
-    for _ in range(500):
-        if check():
-            return
-        time.sleep(0.01)
-    raise AssertionError("not in 5 s")
+def _wait_for(check: Callable[[], bool]) -> None:
+    wait_until(check, 5, "the event posters", interval_s=0.01)
 
 
 def test_recording_an_event_returns_before_the_api_server_answers(

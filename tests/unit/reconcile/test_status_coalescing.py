@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -26,16 +27,25 @@ def _status_writes(writer: Writer) -> int:
     return sum(1 for call, _ in writer.calls if call == "status")
 
 
-def test_counts_wait_for_the_interval_and_go_out_with_the_latest_figures(
+def _created(
     monkeypatch: pytest.MonkeyPatch,
-) -> None:
+) -> tuple[Controller, Writer, dict[str, Any], list[float]]:
+    """A controller that has just created a service's children and written its first status,
+    on a monotonic clock the test moves by hand."""
     clock = [100.0]
     monkeypatch.setattr(controller_module.time, "monotonic", lambda: clock[0])
     body = sample("minimal")
     body["metadata"].update(namespace="ns", uid="u1", generation=1)
     writer = Writer()
     controller = Controller(writer, clock=lambda: NOW)
-    controller.reconcile(body, Observed())  # creates the children, writes a status
+    controller.reconcile(body, Observed())
+    return controller, writer, body, clock
+
+
+def test_counts_wait_for_the_interval_and_go_out_with_the_latest_figures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    controller, writer, body, clock = _created(monkeypatch)
     assert _status_writes(writer) == 1
 
     clock[0] += 0.2
@@ -54,13 +64,7 @@ def test_counts_wait_for_the_interval_and_go_out_with_the_latest_figures(
 
 
 def test_a_condition_that_changes_is_written_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = [100.0]
-    monkeypatch.setattr(controller_module.time, "monotonic", lambda: clock[0])
-    body = sample("minimal")
-    body["metadata"].update(namespace="ns", uid="u1", generation=1)
-    writer = Writer()
-    controller = Controller(writer, clock=lambda: NOW)
-    controller.reconcile(body, Observed())
+    controller, writer, body, clock = _created(monkeypatch)
     clock[0] += 0.1
     ready = (_pod("prefill", 0, ready=True), _pod("decode", 0, ready=True))
     result = controller.reconcile(body, Observed(pods=ready))
