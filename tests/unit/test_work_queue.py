@@ -1,4 +1,4 @@
-"""The operator's work queue: one entry per service, watch events before resync passes."""
+"""The operator's work queue: one entry per service, in flight before new before resync."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from pdfleet.handlers import (
+    NEW,
     RESYNC,
     URGENT,
     CountDown,
@@ -49,6 +50,36 @@ async def test_urgent_keys_go_before_a_resync_sweep_and_each_key_runs_once() -> 
         ("ns", "svc-2"),
         ("ns", "svc-4"),
     ]
+
+
+async def test_services_in_flight_go_before_new_services_and_new_ones_before_resync() -> None:
+    queue = WorkQueue(run=lambda _: None)
+    queue.put(("ns", "idle"), RESYNC)
+    for i in range(3):
+        queue.put(("ns", f"created-{i}"), NEW)  # a burst of creations
+    queue.put(("ns", "running"))  # a pod of a running service turned ready
+    queue.put(("ns", "created-2"))  # promoted: its children showed up
+    assert _drain(queue) == [
+        ("ns", "running"),
+        ("ns", "created-2"),
+        ("ns", "created-0"),
+        ("ns", "created-1"),
+        ("ns", "idle"),
+    ]
+
+
+def test_a_service_event_asks_new_for_an_unseen_service_and_urgent_after() -> None:
+    cache = ServiceCache()
+    body = {"apiVersion": "v", "kind": "K", "metadata": {"name": "a"}, "spec": {"x": 1}}
+    key = ("ns", "a")
+    assert cache.service_event(key, "ADDED", body) == NEW
+    assert cache.services[key]["spec"] == {"x": 1}
+    assert cache.services[key]["status"] == {}
+    assert cache.service_event(key, "MODIFIED", {**body, "spec": {"x": 2}}) == URGENT
+    assert cache.services[key]["spec"] == {"x": 2}
+    assert cache.service_event(key, "DELETED", body) == URGENT
+    assert key not in cache.services
+    assert cache.service_event(key, "ADDED", body) == NEW  # created again
 
 
 async def test_a_key_queued_again_after_its_run_runs_again() -> None:
