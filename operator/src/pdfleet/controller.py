@@ -72,11 +72,12 @@ RECENT_WRITE_S = 10.0
 # newer object (reconcile/observed.index_lags), so it can stand in for as long as the lag.
 WRITTEN_KEEP_S = 300.0
 INDEX_LAG_WARN_S = 5.0
-# A status change that is only pod counts (reconcile/status.progress_only) waits until this
-# long after the service's last status write, and goes out then with the counts of that
-# moment: four pods turning ready one after another are one write, not four. While 1,000
-# services converged, the status writes went from about 4,800 to 4,000
-# (docs/benchmarks/scale). A condition, a decision or a preflight record is written at once.
+# A status change that is only progress (pod counts, and the steps of a start-up while Ready
+# stays False: reconcile/status.progress_only) waits until this long after the service's last
+# status write, and goes out then with the state of that moment: four pods turning ready one
+# after another are one write, not four. While 1,000 services converged, counts alone took
+# the status writes from about 4,800 to 4,000 (docs/benchmarks/scale). Ready flipping, a
+# problem (Stalled, SpecValid), a decision or a preflight record is written at once.
 STATUS_COALESCE_S = 1.0
 # Child writes in flight at once, over all passes (the API client's connection pool is sized
 # for these, the passes' own status writes and the lease).
@@ -582,7 +583,7 @@ class Controller:
         event_message: str = "",
         coalesce: bool = False,
     ) -> PassResult:
-        """Write `new` if it changed anything; with `coalesce`, a change of pod counts alone
+        """Write `new` if it changed anything; with `coalesce`, a change that is only progress
         within STATUS_COALESCE_S of the last write waits, and the pass asks to come back."""
         if not status_changed(previous, new):
             return PassResult(0, 0, False)

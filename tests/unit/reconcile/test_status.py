@@ -190,3 +190,28 @@ def test_pod_counts_alone_are_progress_and_a_condition_or_decision_is_not() -> N
     measured = {**after, "kvTransport": {"fingerprint": "f", "error": ""}}
     assert not progress_only(after, measured)
     assert not progress_only(None, after)
+
+
+def test_start_up_steps_are_progress_while_ready_stays_false_and_a_problem_is_not() -> None:
+    isvc = _service()
+    starting = [_pod("prefill", 0, ready=False), _pod("decode", 0, phase="Pending", ready=False)]
+    before = compute_status(isvc, _observed(starting, router=0), None, DESIRED, NOW, writes=0)
+    assert _conditions(before)["Ready"] == ("False", "PoolsNotReady")
+    pools_up = compute_status(isvc, _observed(ALL_READY, router=0), before, DESIRED, NOW, 0)
+    assert _conditions(pools_up)["Ready"] == ("False", "RouterNotReady")
+    assert _conditions(pools_up)["RouterReady"][0] == "False"
+    assert progress_only(before, pools_up)  # a step of the start-up: may wait
+
+    serving = compute_status(isvc, _observed(ALL_READY), pools_up, DESIRED, NOW, writes=0)
+    assert not progress_only(pools_up, serving)  # Ready flipped to True
+    assert not progress_only(serving, pools_up)  # ... or back to False
+
+    stalled = {
+        **pools_up,
+        "conditions": [
+            {**c, "status": "True", "reason": "InsufficientCapacity"}
+            if c["type"] == "Stalled" else c
+            for c in pools_up["conditions"]
+        ],
+    }  # fmt: skip
+    assert not progress_only(pools_up, stalled)

@@ -63,11 +63,22 @@ def test_counts_wait_for_the_interval_and_go_out_with_the_latest_figures(
     assert writer.last_status["prefill"]["pending"] == 0
 
 
-def test_a_condition_that_changes_is_written_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_start_up_step_waits_and_a_problem_is_written_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     controller, writer, body, clock = _created(monkeypatch)
     clock[0] += 0.1
     ready = (_pod("prefill", 0, ready=True), _pod("decode", 0, ready=True))
     result = controller.reconcile(body, Observed(pods=ready))
+    assert not result.status_written  # PoolsNotReady -> RouterNotReady: a step, not news
+    assert result.requeue_after_s == pytest.approx(0.9)
+
+    clock[0] += 0.1
+    stuck = PodInfo(
+        name="llama-8b-decode-1", role="decode", ordinal=1, phase="Pending", ready=False,
+        unschedulable="0/3 nodes are available", unschedulable_since="2026-01-02T03:00:00Z",
+    )  # fmt: skip
+    result = controller.reconcile(body, Observed(pods=(*ready, stuck)))
     assert result.status_written and _status_writes(writer) == 2
-    reasons = {c["type"]: c["reason"] for c in writer.last_status["conditions"]}
-    assert reasons["Ready"] == "RouterNotReady"  # was PoolsNotReady: news, not progress
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in writer.last_status["conditions"]}
+    assert conditions["Stalled"] == ("True", "InsufficientCapacity")

@@ -257,18 +257,28 @@ def status_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> boo
 # Pool counts that follow pods from one moment to the next; a change to nothing else is
 # progress (see progress_only).
 POD_COUNTS = ("replicas", "ready", "pending", "draining", "summary")
+# Conditions that follow a start-up from one step to the next (pods scheduled, pools ready,
+# the router available): while the service is not Ready before and after, their changes are
+# progress too. Stalled and SpecValid report a problem, so they always go out at once.
+STARTUP_CONDITIONS = (READY, RECONCILING, ROUTER_READY, INSUFFICIENT_CAPACITY)
 
 
 def progress_only(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
-    """Whether `new` differs from `old` only in the pools' pod counts and the condition
-    messages that quote them: no condition changed status or reason, no decision (a pool's
-    `desired`, the autoscaler's blocks) and no preflight record changed."""
+    """Whether `new` differs from `old` only in the pools' pod counts, the condition messages
+    that quote them and, while Ready stays False, the start-up conditions: Ready did not
+    flip, Stalled and SpecValid did not change, and no decision (a pool's `desired`, the
+    autoscaler's blocks) or preflight record changed."""
+    starting = old is not None and _not_ready(old) and _not_ready(new)
 
     def essence(status: Mapping[str, Any]) -> dict[str, Any]:
         kept: dict[str, Any] = {}
         for key, value in status.items():
             if key == "conditions":
-                kept[key] = sorted((c.get("type"), c.get("status"), c.get("reason")) for c in value)
+                kept[key] = sorted(
+                    (c.get("type"), c.get("status"), c.get("reason"))
+                    for c in value
+                    if not (starting and c.get("type") in STARTUP_CONDITIONS)
+                )
             elif isinstance(value, Mapping) and "summary" in value:  # a pool's block
                 kept[key] = {k: v for k, v in value.items() if k not in POD_COUNTS}
             else:
@@ -276,3 +286,10 @@ def progress_only(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool
         return kept
 
     return old is not None and essence(old) == essence(new)
+
+
+def _not_ready(status: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == READY and c.get("status") == "False"
+        for c in status.get("conditions") or ()
+    )
