@@ -191,3 +191,17 @@ async def test_the_resync_spreads_every_service_over_the_interval() -> None:
     assert slept == [15.0] * 6
     # A whole sweep, then the next sweep's first service: each in the queue once.
     assert _drain(queue) == list(services)
+
+
+async def test_a_service_has_at_most_one_pass_pending_on_a_timer_the_latest_asked() -> None:
+    queue = WorkQueue(run=lambda _: None)
+    key = ("ns", "a")
+    queue.come_back(key, 60.0)  # a resync pass: the preflight retry is a minute away
+    queue.come_back(key, 0.01)  # the next pass knows better
+    assert len(queue._later) == 1
+    await asyncio.sleep(0.05)
+    assert _drain(queue) == [key] and not queue._later
+    queue.come_back(key, 0.01)
+    queue.come_back(key, None)  # a later pass has nothing to come back for
+    await asyncio.sleep(0.05)
+    assert _drain(queue) == [] and not queue._later

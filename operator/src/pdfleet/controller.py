@@ -317,7 +317,9 @@ class Controller:
         autoscale_after: float | None = None
         if isvc.spec.autoscaling.enabled and self.autoscaler is not None:
             previous = self._autoscale(body, isvc, observed, previous, now)
-            autoscale_after = parse_duration(isvc.spec.autoscaling.interval)
+            # When the next step is due, not a full interval after this pass: the latest pass's
+            # come-back replaces the one before (handlers.WorkQueue.come_back).
+            autoscale_after = self.autoscaler.due_in_s(isvc) or None
         applied, requeue = self._drain(body, isvc, observed, desired_replicas(isvc, previous))
         replicas, child_plan = plan(isvc, observed, previous, self.config, applied, self._rendered)
         for key in child_plan.delete:
@@ -438,13 +440,15 @@ class Controller:
             ready = _condition_status(status, READY) == "True"
             pair = preflight.pick_pair(observed)
             if pair is None or not preflight.due(isvc, ready, record, since):
-                return status, preflight.retry_after_s(record)
+                return status, preflight.retry_after_s(record, since)
             self._preflight_tried[key] = (fingerprint, time.monotonic())
             run = self._start_preflight(isvc, fingerprint, pair)
             self._preflight_runs[key] = run
         if not run.result.done():
             return status, PREFLIGHT_POLL_S
         del self._preflight_runs[key]
+        tried = self._preflight_tried.get(key)
+        since = time.monotonic() - tried[1] if tried else None
         pair = run.pair
         try:
             result = run.result.result()
@@ -453,7 +457,7 @@ class Controller:
         verdict = preflight.verdict(isvc, result, pair)
         new_record = preflight.record(isvc, result, pair, now)
         if preflight.same_outcome(record, new_record):
-            return status, preflight.retry_after_s(new_record)
+            return status, preflight.retry_after_s(new_record, since)
         if preflight.news(status, record, new_record, verdict):
             kind = "Normal" if verdict.status else "Warning"
             self.writer.event(body, f"KVTransport{verdict.reason}", verdict.message, kind)
@@ -468,7 +472,7 @@ class Controller:
             status["conditions"], verdict.condition, isvc.metadata.generation, now
         )
         new = {**status, "kvTransport": new_record, "conditions": conditions}
-        return new, preflight.retry_after_s(new_record)
+        return new, preflight.retry_after_s(new_record, since)
 
     def _start_preflight(
         self, isvc: InferenceService, fingerprint: str, pair: tuple[PodInfo, PodInfo]

@@ -71,6 +71,7 @@ class WorkQueue:
     )
     _queued: dict[Key, int] = field(default_factory=dict)
     _seq: int = 0
+    _later: dict[Key, asyncio.TimerHandle] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _threads: ThreadPoolExecutor | None = None
 
@@ -90,11 +91,33 @@ class WorkQueue:
         del self._queued[key]
         return key
 
+    def come_back(self, key: Key, delay_s: float | None) -> None:
+        """What the latest pass of `key` asked: a pass in `delay_s` (None: none). It replaces
+        what an earlier pass asked, so a service has at most one pass pending on a timer.
+        Scheduling each request on its own multiplied passes: every pass of a service whose
+        KV preflight had failed asked to come back in 60 s, and so did the pass that ran
+        then, so each resync started a chain that never ended: 12 minutes after it started,
+        the operator of an idle fleet of 1,000 services ran 167 passes a second where the
+        resync asks for 17 (docs/benchmarks/scale)."""
+        pending = self._later.pop(key, None)
+        if pending is not None:
+            pending.cancel()
+        if delay_s:
+            loop = asyncio.get_running_loop()
+            self._later[key] = loop.call_later(delay_s, self._timer_fired, key)
+
+    def _timer_fired(self, key: Key) -> None:
+        del self._later[key]
+        self.put(key)
+
     def start(self) -> None:
         self._threads = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="pass")
         self._tasks = [asyncio.create_task(self._work(self._threads)) for _ in range(self.workers)]
 
     async def stop(self) -> None:
+        for pending in self._later.values():
+            pending.cancel()
+        self._later.clear()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -109,17 +132,16 @@ class WorkQueue:
                 continue
             try:
                 result = await loop.run_in_executor(threads, self.run, key)
-                # A pass can ask to come back soon (a drain waiting on in-flight requests).
-                delay = getattr(result, "requeue_after_s", None)
-                if delay:
-                    loop.call_later(delay, self.put, key)
+                # A pass can ask to come back (a drain waiting on in-flight requests, a
+                # preflight retry, the autoscaler's next step).
+                self.come_back(key, getattr(result, "requeue_after_s", None))
             except Exception as error:  # one bad object must never stop the others
                 delay, expected = retry_after(error)
                 if expected:
                     log.warning("reconcile of %s/%s: %s; retrying in %.0fs", *key, error, delay)
                 else:
                     log.exception("reconcile of %s/%s failed; retrying in %.0fs", *key, delay)
-                loop.call_later(delay, self.put, key)
+                self.come_back(key, delay)
 
 
 RETRY_S = 5.0

@@ -199,8 +199,9 @@ def test_decisions_wait_for_the_interval() -> None:
     controller.reconcile(_body(), _observed(_isvc()))
     assert source.calls == 1
     clock[0] += 5.0
-    controller.reconcile(_body(), _observed(_isvc()))
+    result = controller.reconcile(_body(), _observed(_isvc()))
     assert source.calls == 1
+    assert result.requeue_after_s == pytest.approx(10.0)  # when the next step is due
     clock[0] += 10.0
     controller.reconcile(_body(), _observed(_isvc()))
     assert source.calls == 2

@@ -123,12 +123,16 @@ def test_a_failed_run_is_retried_later_without_rewriting_the_status(
     writer = Writer()
     controller = _controller(writer)
     body = _body()
+    start = time.monotonic()
+    clock = [start]
+    monkeypatch.setattr("pdfleet.controller.time.monotonic", lambda: clock[0])
     status, after = _step(controller, body, _status(True))
     assert _condition(status)["reason"] == "PreflightFailed" and after == plan.RETRY_S
-    assert _step(controller, body, status) == (status, plan.RETRY_S)  # too soon: no run
+    clock[0] = start + 20
+    # too soon: no run, and the pass comes back when the retry is due, not a minute later
+    assert _step(controller, body, status) == (status, plan.RETRY_S - 20)
     assert len(runs.calls) == 1
-    clock = time.monotonic() + plan.RETRY_S + 1
-    monkeypatch.setattr("pdfleet.controller.time.monotonic", lambda: clock)
+    clock[0] = start + plan.RETRY_S + 1
     retried, _ = _step(controller, body, status)
     assert len(runs.calls) == 2 and retried == status  # same failure: same record, no Event
     assert [c for c in writer.calls if c[0] == "event"] == [("event", "KVTransportPreflightFailed")]
@@ -170,5 +174,6 @@ def test_a_run_that_raises_is_a_failed_result(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr("pdfleet.controller.preflight_io.run", broken)
     status, after = _step(_controller(Writer()), _body(), _status(True))
-    assert _condition(status)["reason"] == "PreflightFailed" and after == plan.RETRY_S
+    assert _condition(status)["reason"] == "PreflightFailed"
+    assert after == pytest.approx(plan.RETRY_S, abs=1)  # a minute after the attempt
     assert "listener answered nonsense" in status["kvTransport"]["error"]

@@ -54,6 +54,15 @@ def test_due_once_per_fingerprint_on_a_ready_service() -> None:
     assert not plan.due(off, True, None, None)
 
 
+def test_retry_after_the_last_attempt_only_for_a_run_that_could_not_measure() -> None:
+    done = {"fingerprint": "f", "error": ""}
+    assert plan.retry_after_s(None) is None and plan.retry_after_s(done, 10.0) is None
+    failed = {**done, "error": "listener unreachable"}
+    assert plan.retry_after_s(failed, 10.0) == plan.RETRY_S - 10.0
+    assert plan.retry_after_s(failed) == plan.RETRY_S  # not tried by this operator
+    assert plan.retry_after_s(failed, plan.RETRY_S + 5) == plan.RETRY_S
+
+
 @pytest.mark.parametrize(
     "patch",
     [

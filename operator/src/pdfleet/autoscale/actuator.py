@@ -225,12 +225,16 @@ class Autoscaler:
     _last_run: dict[tuple[str, str], float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def due(self, isvc: InferenceService) -> bool:
+    def due_in_s(self, isvc: InferenceService) -> float:
+        """Seconds until the next step is due: 0 when it is, a full interval right after one."""
         key = (str(isvc.metadata.namespace), str(isvc.metadata.name))
         interval = parse_duration(isvc.spec.autoscaling.interval)
         with self._lock:
             last = self._last_run.get(key)
-        return last is None or self.clock_s() - last >= interval
+        return 0.0 if last is None else max(0.0, last + interval - self.clock_s())
+
+    def due(self, isvc: InferenceService) -> bool:
+        return self.due_in_s(isvc) <= 0.0
 
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:

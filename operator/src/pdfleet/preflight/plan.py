@@ -83,9 +83,16 @@ def due(
     return bool(record.get("error")) and not recent
 
 
-def retry_after_s(record: Mapping[str, Any] | None) -> float | None:
-    """When to come back: RETRY_S after a run that could not measure, else never."""
-    return RETRY_S if record and record.get("error") else None
+def retry_after_s(
+    record: Mapping[str, Any] | None, since_attempt_s: float | None = None
+) -> float | None:
+    """When to come back: RETRY_S after the last attempt (`since_attempt_s` ago, None when
+    this operator has not tried) at a run that could not measure, else never."""
+    if not record or not record.get("error"):
+        return None
+    if since_attempt_s is not None and since_attempt_s < RETRY_S:
+        return RETRY_S - since_attempt_s
+    return RETRY_S
 
 
 def same_outcome(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
