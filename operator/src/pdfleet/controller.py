@@ -74,11 +74,12 @@ WRITTEN_KEEP_S = 300.0
 INDEX_LAG_WARN_S = 5.0
 # A status change that is only progress (pod counts, and the steps of a start-up while Ready
 # stays False: reconcile/status.progress_only) waits until this long after the service's last
-# status write, and goes out then with the state of that moment: four pods turning ready one
-# after another are one write, not four. While 1,000 services converged, counts alone took
-# the status writes from about 4,800 to 4,000 (docs/benchmarks/scale). Ready flipping, a
-# problem (Stalled, SpecValid), a decision or a preflight record is written at once.
-STATUS_COALESCE_S = 1.0
+# status write, and goes out then with the state of that moment. Ready flipping, a problem
+# (Stalled, SpecValid), a decision or a preflight record is written at once. With 1 s, most
+# of 1,000 services created at once still wrote their status 5 or 6 times on the way to
+# Ready (created, pods appearing, pods ready, Ready, the preflight verdict: the steps of a
+# loaded cluster come seconds apart); with 5 s the counts mostly ride on the Ready write.
+STATUS_COALESCE_S = 5.0
 # Child writes in flight at once, over all passes (the API client's connection pool is sized
 # for these, the passes' own status writes and the lease).
 WRITES_IN_FLIGHT = 8

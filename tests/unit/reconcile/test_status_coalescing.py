@@ -14,6 +14,7 @@ from tests.spec_cases import sample
 from tests.unit.fakes import Writer
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+WINDOW = controller_module.STATUS_COALESCE_S
 
 
 def _pod(role: str, ordinal: int, phase: str = "Running", ready: bool = False) -> PodInfo:
@@ -48,15 +49,15 @@ def test_counts_wait_for_the_interval_and_go_out_with_the_latest_figures(
     controller, writer, body, clock = _created(monkeypatch)
     assert _status_writes(writer) == 1
 
-    clock[0] += 0.2
+    clock[0] += 0.2 * WINDOW
     pending = controller.reconcile(body, Observed(pods=(_pod("prefill", 0, "Pending"),)))
-    clock[0] += 0.3
+    clock[0] += 0.3 * WINDOW
     running = controller.reconcile(body, Observed(pods=(_pod("prefill", 0),)))
     assert _status_writes(writer) == 1  # counts only, within the interval: not yet
-    assert pending.requeue_after_s == pytest.approx(0.8)  # the pass comes back for them
-    assert running.requeue_after_s == pytest.approx(0.5)
+    assert pending.requeue_after_s == pytest.approx(0.8 * WINDOW)  # the pass comes back for them
+    assert running.requeue_after_s == pytest.approx(0.5 * WINDOW)
 
-    clock[0] += 0.5
+    clock[0] += 0.5 * WINDOW
     controller.reconcile(body, Observed(pods=(_pod("prefill", 0),)))
     assert _status_writes(writer) == 2
     assert writer.last_status["prefill"]["replicas"] == 1  # the figures of that moment
@@ -67,13 +68,13 @@ def test_a_start_up_step_waits_and_a_problem_is_written_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     controller, writer, body, clock = _created(monkeypatch)
-    clock[0] += 0.1
+    clock[0] += 0.1 * WINDOW
     ready = (_pod("prefill", 0, ready=True), _pod("decode", 0, ready=True))
     result = controller.reconcile(body, Observed(pods=ready))
     assert not result.status_written  # PoolsNotReady -> RouterNotReady: a step, not news
-    assert result.requeue_after_s == pytest.approx(0.9)
+    assert result.requeue_after_s == pytest.approx(0.9 * WINDOW)
 
-    clock[0] += 0.1
+    clock[0] += 0.1 * WINDOW
     stuck = PodInfo(
         name="llama-8b-decode-1", role="decode", ordinal=1, phase="Pending", ready=False,
         unschedulable="0/3 nodes are available", unschedulable_since="2026-01-02T03:00:00Z",
