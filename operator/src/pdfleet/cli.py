@@ -88,7 +88,7 @@ def cmd_operator_run(args: argparse.Namespace) -> int:
     import kopf
     import prometheus_client
 
-    from pdfleet import metrics
+    from pdfleet import gcpause, metrics
     from pdfleet.autoscale.actuator import Autoscaler
     from pdfleet.controller import Controller
     from pdfleet.handlers import register
@@ -97,6 +97,7 @@ def cmd_operator_run(args: argparse.Namespace) -> int:
 
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it too
+    gcpause.install()
     api = load_api_client(args.kubeconfig)
     controller = Controller(
         KubeWriter(api),

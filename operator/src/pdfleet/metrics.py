@@ -13,6 +13,11 @@ RECONCILE_DURATION = Histogram(
     "Time of one reconcile pass of one InferenceService.",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+GC_FULL_COLLECTION = Histogram(
+    "pdfleet_gc_full_collection_seconds",
+    "Time of one full garbage collection of the operator process (every thread waits).",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
 RECONCILE_ERRORS = Counter(
     "pdfleet_reconcile_errors_total",
     "Reconcile passes that failed, by reason (HTTP status or exception type).",
