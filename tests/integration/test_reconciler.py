@@ -18,8 +18,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from e2e.cluster import Cluster
+from e2e.cluster import Cluster, wait_until
 from e2e.operator_process import OperatorProcess
+from pdfleet.controller import STATUS_COALESCE_S
 from tests.integration.kube_helpers import (
     condition,
     create_isvc,
@@ -68,6 +69,33 @@ def _writes(op: OperatorProcess) -> float:
     return samples.get("pdfleet_child_writes_total", 0) + samples.get(
         "pdfleet_status_writes_total", 0
     )
+
+
+def _settled_writes(op: OperatorProcess, api_client: Any, namespace: str) -> float:
+    """The operator's write count once it has nothing else to do. The counter is
+    process-wide: a service of an earlier test may still be rolling in a namespace being
+    deleted, and a status change that is only progress goes out up to
+    STATUS_COALESCE_S later. So: no other test namespace left, then no write for longer
+    than that interval."""
+    core = client.CoreV1Api(api_client)
+
+    def others_gone() -> bool:
+        listed = core.list_namespace(label_selector="pdfleet.dev/test=true").items
+        return all(ns.metadata.name == namespace for ns in listed)
+
+    wait_until(others_gone, 120, "earlier tests' namespaces to be deleted")
+    quiet_s = STATUS_COALESCE_S + 2 * op.resync_seconds
+    last, since = _writes(op), time.monotonic()
+
+    def quiet() -> bool:
+        nonlocal last, since
+        now = _writes(op)
+        if now != last:
+            last, since = now, time.monotonic()
+        return time.monotonic() - since >= quiet_s
+
+    wait_until(quiet, 120, f"{quiet_s:.0f} s without an operator write", interval_s=0.5)
+    return last
 
 
 def test_minimal_sample_becomes_a_ready_fleet(
@@ -215,7 +243,7 @@ def test_second_apply_of_the_same_file_writes_nothing(
     manifest.write_text((SAMPLES_DIR / "minimal.yaml").read_text())
     cluster.kubectl("apply", "-n", namespace, "-f", str(manifest))
     wait_ready(api_client, namespace, "llama-8b")
-    time.sleep(3 * operator.resync_seconds)  # let in-flight passes settle
+    writes_before = _settled_writes(operator, api_client, namespace)
 
     def versions() -> dict[str, str]:
         objs = [
@@ -226,7 +254,7 @@ def test_second_apply_of_the_same_file_writes_nothing(
             f"{o['kind']}/{o['metadata']['name']}": o["metadata"]["resourceVersion"] for o in objs
         }
 
-    before, writes_before = versions(), _writes(operator)
+    before = versions()
     out = cluster.kubectl("apply", "-n", namespace, "-f", str(manifest))
     assert "unchanged" in out
     time.sleep(3 * operator.resync_seconds)  # three resync passes over every service
