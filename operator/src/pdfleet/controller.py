@@ -77,8 +77,9 @@ INDEX_LAG_WARN_S = 5.0
 # status write, and goes out then with the state of that moment. Ready flipping, a problem
 # (Stalled, SpecValid), a decision or a preflight record is written at once. With 1 s, most
 # of 1,000 services created at once still wrote their status 5 or 6 times on the way to
-# Ready (created, pods appearing, pods ready, Ready, the preflight verdict: the steps of a
-# loaded cluster come seconds apart); with 5 s the counts mostly ride on the Ready write.
+# Ready (created, pods appearing, pods ready, Ready, the preflight verdict). With 5 s, 20
+# services wrote 3 times each, the counts riding on the Ready write; 1,000 still wrote 5 or
+# 6 times, their steps coming more than 5 s apart (docs/benchmarks/scale).
 STATUS_COALESCE_S = 5.0
 # Child writes in flight at once, over all passes (the API client's connection pool is sized
 # for these, the passes' own status writes and the lease).
