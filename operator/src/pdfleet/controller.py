@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -56,6 +57,7 @@ from pdfleet.reconcile.status import (
     compute_status,
     invalid_status,
     merge_foreign_condition,
+    progress_interval_s,
     progress_only,
     status_changed,
 )
@@ -76,11 +78,18 @@ INDEX_LAG_WARN_S = 5.0
 # stays False: reconcile/status.progress_only) waits until this long after the service's last
 # status write, and goes out then with the state of that moment. Ready flipping, a problem
 # (Stalled, SpecValid), a decision or a preflight record is written at once. With 1 s, most
-# of 1,000 services created at once still wrote their status 5 or 6 times on the way to
-# Ready (created, pods appearing, pods ready, Ready, the preflight verdict). With 5 s, 20
-# services wrote 3 times each, the counts riding on the Ready write; 1,000 still wrote 5 or
-# 6 times, their steps coming more than 5 s apart (docs/benchmarks/scale).
+# of 1,000 services created at once wrote their status 5 or 6 times on the way to Ready
+# (created, pods appearing, pods ready, Ready, the preflight verdict); with 5 s, 20 services
+# wrote 3 times each, the counts riding on the Ready write (docs/benchmarks/scale).
 STATUS_COALESCE_S = 5.0
+# Many services starting at once (a fleet applied in one go) make start-ups slow, their steps
+# more than STATUS_COALESCE_S apart: with 5 s, 1,000 services still wrote 5 or 6 times each,
+# writes that compete with their children's at the API server. So a start-up's progress waits
+# longer the more services are starting, keeping their progress together under
+# STARTUP_PROGRESS_PER_S writes a second (reconcile/status.progress_interval_s); a lone
+# start-up keeps STATUS_COALESCE_S, and no start-up waits more than STARTUP_COALESCE_MAX_S.
+STARTUP_PROGRESS_PER_S = 5.0
+STARTUP_COALESCE_MAX_S = 60.0
 # Child writes in flight at once, over all passes (the API client's connection pool is sized
 # for these, the passes' own status writes and the lease).
 WRITES_IN_FLIGHT = 8
@@ -186,8 +195,13 @@ class Controller:
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._written: dict[tuple[str, str], dict[tuple[str, str], tuple[ChildRef, float]]] = {}
-        # The last status this operator wrote per service, with when (monotonic).
+        # The last status this operator wrote per service, with when (monotonic), kept while
+        # it may stand in for the watch index's copy (RECENT_WRITE_S).
         self._status_written: dict[tuple[str, str], tuple[dict[str, Any], float]] = {}
+        # When each service's status was last written (monotonic), and the services whose
+        # last written status is not Ready: how long a start-up's progress waits.
+        self._status_at: dict[tuple[str, str], float] = {}
+        self._unready: set[tuple[str, str]] = set()
         self._marks: dict[tuple[str, str], dict[str, tuple[str | None, float]]] = {}
         self._rendered = RenderCache()
         # Drains already reported (Event + metric), by service: the StatefulSet's lowered
@@ -272,6 +286,8 @@ class Controller:
             self._reported.pop((namespace, name), None)
             self._written.pop((namespace, name), None)
             self._status_written.pop((namespace, name), None)
+            self._status_at.pop((namespace, name), None)
+            self._unready.discard((namespace, name))
             self._marks.pop((namespace, name), None)
             self._preflight_tried.pop((namespace, name), None)
             self._preflight_runs.pop((namespace, name), None)
@@ -590,18 +606,31 @@ class Controller:
         coalesce: bool = False,
     ) -> PassResult:
         """Write `new` if it changed anything; with `coalesce`, a change that is only progress
-        within STATUS_COALESCE_S of the last write waits, and the pass asks to come back."""
+        waits out the interval after the last write (STATUS_COALESCE_S, longer for a start-up
+        while many services start), and the pass asks to come back."""
         if not status_changed(previous, new):
             return PassResult(0, 0, False)
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         now = time.monotonic()
-        last = self._status_written.get(key)
-        since = now - last[1] if last else STATUS_COALESCE_S
-        if coalesce and since < STATUS_COALESCE_S and progress_only(previous, new):
-            return PassResult(0, 0, False, requeue_after_s=STATUS_COALESCE_S - since)
+        ready = _condition_status(new, READY) == "True"
+        if coalesce and progress_only(previous, new):
+            interval = STATUS_COALESCE_S
+            if not ready:
+                interval = progress_interval_s(
+                    len(self._unready), STATUS_COALESCE_S, STARTUP_PROGRESS_PER_S,
+                    STARTUP_COALESCE_MAX_S,
+                )  # fmt: skip
+            wait = self._status_at.get(key, -math.inf) + interval - now
+            if wait > 0:
+                return PassResult(0, 0, False, requeue_after_s=wait)
         self.writer.patch_status(meta["namespace"], meta["name"], _status_patch(previous, new))
         self._status_written[key] = (dict(new), now)
+        self._status_at[key] = now
+        if ready:
+            self._unready.discard(key)
+        else:
+            self._unready.add(key)
         metrics.STATUS_WRITES.inc()
         if event_reason and _condition_status(previous, "SpecValid") != "False":
             self.writer.event(body, event_reason, event_message, "Warning")

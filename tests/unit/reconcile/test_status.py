@@ -12,6 +12,7 @@ from pdfleet.reconcile.observed import ChildRef, Observed, PodInfo
 from pdfleet.reconcile.status import (
     compute_status,
     invalid_status,
+    progress_interval_s,
     progress_only,
     status_changed,
 )
@@ -215,3 +216,9 @@ def test_start_up_steps_are_progress_while_ready_stays_false_and_a_problem_is_no
         ],
     }  # fmt: skip
     assert not progress_only(pools_up, stalled)
+
+
+def test_progress_interval_grows_with_the_services_not_ready_within_bounds() -> None:
+    assert progress_interval_s(1, 5.0, 5.0, 60.0) == 5.0  # a lone start-up
+    assert progress_interval_s(100, 5.0, 5.0, 60.0) == 20.0  # 100 at 5 writes/s together
+    assert progress_interval_s(1000, 5.0, 5.0, 60.0) == 60.0

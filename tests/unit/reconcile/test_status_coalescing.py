@@ -83,3 +83,47 @@ def test_a_start_up_step_waits_and_a_problem_is_written_at_once(
     assert result.status_written and _status_writes(writer) == 2
     conditions = {c["type"]: (c["status"], c["reason"]) for c in writer.last_status["conditions"]}
     assert conditions["Stalled"] == ("True", "InsufficientCapacity")
+
+
+def test_a_start_up_waits_longer_while_many_services_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    controller, writer, body, clock = _created(monkeypatch)
+    others = 200  # a fleet applied in one go: each writes its first status, not Ready
+    for i in range(others):
+        other = sample("minimal")
+        other["metadata"].update(namespace="ns", name=f"svc-{i}", uid=f"o{i}", generation=1)
+        controller.reconcile(other, Observed())
+    unready = others + 1
+    interval = min(
+        controller_module.STARTUP_COALESCE_MAX_S, unready / controller_module.STARTUP_PROGRESS_PER_S
+    )
+    assert interval > 2 * WINDOW
+
+    clock[0] += 2 * WINDOW
+    ready = (_pod("prefill", 0, ready=True), _pod("decode", 0, ready=True))
+    writes = _status_writes(writer)
+    result = controller.reconcile(body, Observed(pods=ready))
+    assert _status_writes(writer) == writes  # past STATUS_COALESCE_S, still waiting
+    assert result.requeue_after_s == pytest.approx(interval - 2 * WINDOW)
+
+    clock[0] += interval
+    controller.reconcile(body, Observed(pods=ready))
+    assert _status_writes(writer) == writes + 1
+
+
+def test_services_that_went_away_no_longer_lengthen_the_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    controller, writer, body, clock = _created(monkeypatch)
+    for i in range(200):
+        other = sample("minimal")
+        other["metadata"].update(namespace="ns", name=f"svc-{i}", uid=f"o{i}", generation=1)
+        controller.reconcile(other, Observed())
+        controller.forget("ns", f"svc-{i}")
+
+    clock[0] += 1.1 * WINDOW
+    ready = (_pod("prefill", 0, ready=True), _pod("decode", 0, ready=True))
+    writes = _status_writes(writer)
+    assert controller.reconcile(body, Observed(pods=ready)).status_written
+    assert _status_writes(writer) == writes + 1

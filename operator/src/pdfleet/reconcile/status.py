@@ -288,6 +288,13 @@ def progress_only(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool
     return old is not None and essence(old) == essence(new)
 
 
+def progress_interval_s(unready: int, least_s: float, fleet_per_s: float, most_s: float) -> float:
+    """How long a start-up's progress waits after its last status write while `unready`
+    services are not Ready: long enough that their progress together stays under
+    `fleet_per_s` writes a second, within [least_s, most_s]."""
+    return min(most_s, max(least_s, unready / fleet_per_s))
+
+
 def _not_ready(status: Mapping[str, Any]) -> bool:
     return any(
         c.get("type") == READY and c.get("status") == "False"
