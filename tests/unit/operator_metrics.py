@@ -1,4 +1,4 @@
-"""Reading the operator's own metrics (pdfleet.metrics) back from the default registry.
+"""Reading the operator's own metrics (pdfleet.metrics) back from what /metrics serves.
 
 The registry is process-wide and other tests move the same series, so counters are judged by
 what changed inside a block (`counted`), never by their absolute value.
@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdfleet import metrics
 
 Labels = frozenset[tuple[str, str]]
 
@@ -22,7 +24,7 @@ def samples(name: str) -> dict[Labels, float]:
     """Every sample called `name` (e.g. `pdfleet_drain_forced_total`), by its labels."""
     return {
         frozenset(sample.labels.items()): sample.value
-        for family in REGISTRY.collect()
+        for family in text_string_to_metric_families(metrics.exposition().decode())
         for sample in family.samples
         if sample.name == name
     }
@@ -30,7 +32,7 @@ def samples(name: str) -> dict[Labels, float]:
 
 def value(name: str, **values: str) -> float | None:
     """One sample's value; None when the series does not exist (never set, or dropped)."""
-    return REGISTRY.get_sample_value(name, values)
+    return samples(name).get(labels(**values))
 
 
 @contextlib.contextmanager

@@ -86,7 +86,6 @@ def cmd_crd(_: argparse.Namespace) -> int:
 
 def cmd_operator_run(args: argparse.Namespace) -> int:
     import kopf
-    import prometheus_client
 
     from pdfleet import gcpause, metrics
     from pdfleet.autoscale.actuator import Autoscaler
@@ -122,7 +121,7 @@ def cmd_operator_run(args: argparse.Namespace) -> int:
     lost = threading.Event()
     elector = None
     if args.metrics_port:
-        prometheus_client.start_http_server(args.metrics_port, addr=args.bind)
+        metrics.serve(args.metrics_port, addr=args.bind)
     if args.leader_election:
         identity = args.identity or f"{socket.gethostname()}-{os.getpid()}"
         elector = LeaderElector(api, args.lease_namespace, args.lease_name, identity)

@@ -30,7 +30,7 @@ def _operator_metrics() -> dict[str, set[str]]:
     """Name -> label names of every metric pdfleet.metrics defines (histogram series too)."""
     assert metrics.LEADER  # imported for its registrations
     found: dict[str, set[str]] = {}
-    for collector in list(REGISTRY._collector_to_names):
+    for collector in [*REGISTRY._collector_to_names, *metrics.SERVICE_SERIES]:
         for family in collector.describe() if hasattr(collector, "describe") else ():
             if not family.name.startswith("pdfleet_"):
                 continue
