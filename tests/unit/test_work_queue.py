@@ -9,6 +9,7 @@ import threading
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from pdfleet import handlers
 from pdfleet.handlers import (
     NEW,
     RESYNC,
@@ -20,6 +21,7 @@ from pdfleet.handlers import (
     _serve,
     retry_after,
 )
+from tests.unit.operator_metrics import counted
 
 Key = tuple[str, str]
 
@@ -205,3 +207,22 @@ async def test_a_service_has_at_most_one_pass_pending_on_a_timer_the_latest_aske
     queue.come_back(key, None)  # a later pass has nothing to come back for
     await asyncio.sleep(0.05)
     assert _drain(queue) == [] and not queue._later
+
+
+async def test_the_wait_in_the_queue_is_measured_by_priority(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [50.0]
+    monkeypatch.setattr(handlers.time, "monotonic", lambda: clock[0])
+    queue = WorkQueue(run=lambda _: None)
+    with counted("pdfleet_queue_wait_seconds_sum") as waited:
+        queue.put(("ns", "created"), NEW)
+        queue.put(("ns", "idle"), RESYNC)
+        clock[0] += 2.0
+        queue.put(("ns", "idle"), URGENT)  # promoted: it waits from now
+        clock[0] += 0.5
+        assert _drain(queue) == [("ns", "idle"), ("ns", "created")]
+    assert waited == {
+        frozenset({("priority", "urgent")}): pytest.approx(0.5),
+        frozenset({("priority", "new")}): pytest.approx(2.5),
+    }

@@ -20,6 +20,7 @@ import asyncio
 import copy
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from typing import Any
 import kopf
 from kubernetes import client
 
-from pdfleet import labels
+from pdfleet import labels, metrics
 from pdfleet.controller import Controller, PassResult
 from pdfleet.kube.informer import Informer, OwnedStore, Projection
 from pdfleet.kube.informer import start as informer_threads
@@ -51,6 +52,7 @@ Key = tuple[str, str]
 # A lower tier waits only while every pass thread has higher work, which a fleet's bounded
 # pod events cannot sustain.
 URGENT, NEW, RESYNC = 0, 1, 2
+PRIORITY_NAMES = {URGENT: "urgent", NEW: "new", RESYNC: "resync"}
 
 
 @dataclass
@@ -70,6 +72,8 @@ class WorkQueue:
         default_factory=asyncio.PriorityQueue
     )
     _queued: dict[Key, int] = field(default_factory=dict)
+    # When each queued key was put at its priority (monotonic): pdfleet_queue_wait_seconds.
+    _queued_at: dict[Key, float] = field(default_factory=dict)
     _seq: int = 0
     _later: dict[Key, asyncio.TimerHandle] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -80,6 +84,7 @@ class WorkQueue:
         if self._queued.get(key, priority + 1) <= priority:
             return
         self._queued[key] = priority
+        self._queued_at[key] = time.monotonic()
         self._seq += 1  # FIFO within a priority
         self._queue.put_nowait((priority, self._seq, key))
 
@@ -89,6 +94,8 @@ class WorkQueue:
         if self._queued.get(key) != priority:
             return None
         del self._queued[key]
+        waited = time.monotonic() - self._queued_at.pop(key)
+        metrics.QUEUE_WAIT.labels(priority=PRIORITY_NAMES[priority]).observe(waited)
         return key
 
     def come_back(self, key: Key, delay_s: float | None) -> None:

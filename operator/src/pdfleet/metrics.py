@@ -27,6 +27,13 @@ RECONCILE_DURATION = Histogram(
     "Time of one reconcile pass of one InferenceService.",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+QUEUE_WAIT = Histogram(
+    "pdfleet_queue_wait_seconds",
+    "From a service queued for a pass to the pass starting, by priority (urgent: a watch "
+    "event of a running service; new: a service seen for the first time; resync).",
+    ["priority"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
 GC_FULL_COLLECTION = Histogram(
     "pdfleet_gc_full_collection_seconds",
     "Time of one full garbage collection of the operator process (every thread waits).",
