@@ -92,9 +92,22 @@ def test_kstatus_conditions(
 
 
 def test_rollout_in_progress_is_not_ready() -> None:
-    observed = _observed(ALL_READY, decode=_sts("decode", replicas=1, updated=0))
+    observed = _observed(ALL_READY, decode=_sts("decode", replicas=1, updated=0, generation=2))
     status = compute_status(_service(), observed, None, DESIRED, NOW, 0)
     assert _conditions(status)["Ready"][0] == "False"
+
+
+def test_a_new_statefulset_is_rolled_out_once_its_pods_are_ready_before_its_status_says() -> None:
+    # Created, its pod ready, and the controller-manager has not written its status yet.
+    unseen = ChildRef(
+        kind="StatefulSet", name="llama-8b-decode", applied_hash="h", replicas=1, generation=1,
+    )  # fmt: skip
+    status = compute_status(_service(), _observed(ALL_READY, decode=unseen), None, DESIRED, NOW, 0)
+    assert _conditions(status)["Ready"] == ("True", "Serving")
+
+    starting = [_pod("prefill", 0), _pod("decode", 0, ready=False)]
+    status = compute_status(_service(), _observed(starting, decode=unseen), None, DESIRED, NOW, 0)
+    assert _conditions(status)["Ready"][0] == "False"  # its pods still tell
 
 
 def _unschedulable(since: datetime) -> PodInfo:
