@@ -453,11 +453,10 @@ class Controller:
         fingerprint = preflight.fingerprint(isvc)
         run = self._preflight_runs.get(key)
         if run is None or run.fingerprint != fingerprint:  # none in flight for this spec
-            tried = self._preflight_tried.get(key)
-            since = time.monotonic() - tried[1] if tried and tried[0] == fingerprint else None
+            since = self._since_attempt(key, fingerprint)
             ready = _condition_status(status, READY) == "True"
             pair = preflight.pick_pair(observed)
-            if pair is None or not preflight.due(isvc, ready, record, since):
+            if pair is None or not preflight.due(isvc, ready, record, since, fingerprint):
                 return status, preflight.retry_after_s(record, since)
             self._preflight_tried[key] = (fingerprint, time.monotonic())
             run = self._start_preflight(isvc, fingerprint, pair)
@@ -465,8 +464,7 @@ class Controller:
         if not run.result.done():
             return status, PREFLIGHT_POLL_S
         del self._preflight_runs[key]
-        tried = self._preflight_tried.get(key)
-        since = time.monotonic() - tried[1] if tried else None
+        since = self._since_attempt(key)
         pair = run.pair
         try:
             result = run.result.result()
@@ -491,6 +489,14 @@ class Controller:
         )
         new = {**status, "kvTransport": new_record, "conditions": conditions}
         return new, preflight.retry_after_s(new_record, since)
+
+    def _since_attempt(self, key: tuple[str, str], fingerprint: str | None = None) -> float | None:
+        """Seconds since this operator last started a preflight of the service (of that
+        fingerprint, when given); None when it has not."""
+        tried = self._preflight_tried.get(key)
+        if tried is None or (fingerprint is not None and tried[0] != fingerprint):
+            return None
+        return time.monotonic() - tried[1]
 
     def _start_preflight(
         self, isvc: InferenceService, fingerprint: str, pair: tuple[PodInfo, PodInfo]

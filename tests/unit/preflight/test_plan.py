@@ -41,17 +41,19 @@ def _result(**fields: Any) -> PreflightResult:
 
 def test_due_once_per_fingerprint_on_a_ready_service() -> None:
     isvc = _service()
-    assert not plan.due(isvc, False, None, None)  # not ready yet
-    assert plan.due(isvc, True, None, None)
-    assert not plan.due(isvc, True, None, 1.0)  # just tried (the record was not written)
-    done = {"fingerprint": plan.fingerprint(isvc), "error": ""}
-    assert not plan.due(isvc, True, done, None)
+    current = plan.fingerprint(isvc)
+    assert not plan.due(isvc, False, None, None, current)  # not ready yet
+    assert plan.due(isvc, True, None, None, current)
+    assert not plan.due(isvc, True, None, 1.0, current)  # just tried (no record written yet)
+    done = {"fingerprint": current, "error": ""}
+    assert not plan.due(isvc, True, done, None, current)
+    assert plan.due(isvc, True, done, None, "a changed spec")
     failed = {**done, "error": "listener unreachable"}
-    assert not plan.due(isvc, True, failed, 10.0)
-    assert plan.due(isvc, True, failed, plan.RETRY_S)
-    assert plan.due(isvc, True, failed, None)  # an operator restart retries at once
+    assert not plan.due(isvc, True, failed, 10.0, current)
+    assert plan.due(isvc, True, failed, plan.RETRY_S, current)
+    assert plan.due(isvc, True, failed, None, current)  # an operator restart retries at once
     off = _service({"spec": {"kvTransfer": {"preflight": {"enabled": False}}}})
-    assert not plan.due(off, True, None, None)
+    assert not plan.due(off, True, None, None, plan.fingerprint(off))
 
 
 def test_retry_after_the_last_attempt_only_for_a_run_that_could_not_measure() -> None:

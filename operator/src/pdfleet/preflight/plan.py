@@ -71,16 +71,17 @@ def due(
     ready: bool,
     record: Mapping[str, Any] | None,
     since_attempt_s: float | None,
+    current: str,
 ) -> bool:
     """Run now? Only on a ready service (its pods serve, so their path is the one to prove),
-    once per fingerprint; a run that could not measure is retried RETRY_S after the last
-    attempt (`since_attempt_s`, None when this operator has not tried this fingerprint)."""
+    once per fingerprint (`current`: the spec's, from `fingerprint`); a run that could not
+    measure is retried RETRY_S after the last attempt (`since_attempt_s`, None when this
+    operator has not tried this fingerprint)."""
     if not isvc.spec.kv_transfer.preflight.enabled or not ready:
         return False
-    recent = since_attempt_s is not None and since_attempt_s < RETRY_S
-    if not record or record.get("fingerprint") != fingerprint(isvc):
-        return not recent
-    return bool(record.get("error")) and not recent
+    if _tried_recently(since_attempt_s):
+        return False
+    return not record or record.get("fingerprint") != current or bool(record.get("error"))
 
 
 def retry_after_s(
@@ -90,9 +91,13 @@ def retry_after_s(
     this operator has not tried) at a run that could not measure, else never."""
     if not record or not record.get("error"):
         return None
-    if since_attempt_s is not None and since_attempt_s < RETRY_S:
+    if since_attempt_s is not None and _tried_recently(since_attempt_s):
         return RETRY_S - since_attempt_s
     return RETRY_S
+
+
+def _tried_recently(since_attempt_s: float | None) -> bool:
+    return since_attempt_s is not None and since_attempt_s < RETRY_S
 
 
 def same_outcome(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
