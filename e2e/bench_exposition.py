@@ -1,6 +1,6 @@
 """What one scrape of the operator's /metrics costs with N services (issue #10's follow-up).
 
-The per-service series (pool sizes, conditions: about 18 a service) are rendered when a
+The per-service series (pool sizes, conditions: 16 a service) are rendered when a
 service's status is exported (pdfleet.metrics.ServiceSeries), and a scrape joins the rendered
 lines. For comparison, the same series held as prometheus_client Gauges, which format every
 sample at every scrape (how the operator served them before). Both in this process, one

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdfleet import metrics
 from tests.unit.operator_metrics import labels, samples, value
 
-STATUS = {
+STATUS: dict[str, Any] = {
     "prefill": {"desired": 1, "replicas": 1, "ready": 1, "summary": "1/1"},
     "decode": {"desired": 2, "replicas": 2, "ready": 1},
     "conditions": [
@@ -35,20 +37,26 @@ def test_a_service_status_becomes_its_series_and_leaves_none_when_forgotten() ->
         assert not [k for k in samples(name) if labels(**service) <= k]
 
 
-def test_the_rendered_text_says_what_the_collector_says() -> None:
+def test_the_rendered_text_parses_to_every_series_of_the_status_and_no_other() -> None:
     metrics.export_status("expo", "svc-a", STATUS)
     served = {
         (s.name, frozenset(s.labels.items())): s.value
         for family in text_string_to_metric_families(metrics.exposition().decode())
         for s in family.samples
-        if family.name in ("pdfleet_pool_replicas", "pdfleet_service_condition")
+        if s.labels.get("pdfleet_service") == "svc-a"
     }
-    collected = {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in metrics.SERVICE_REGISTRY.collect()
-        for s in family.samples
+    service = {("namespace", "expo"), ("pdfleet_service", "svc-a")}
+    pools = {
+        ("pdfleet_pool_replicas", frozenset({*service, ("pdfleet_role", role), ("state", k)})): v
+        for role in ("prefill", "decode")
+        for k, v in STATUS[role].items()
+        if isinstance(v, int)
     }
-    assert served == collected and served
+    conditions = {
+        ("pdfleet_service_condition", frozenset({*service, ("condition", c)})): v
+        for c, v in (("Ready", 0.0), ("Stalled", 1.0))
+    }
+    assert served == {**pools, **conditions}
     metrics.forget_service("expo", "svc-a")
 
 

@@ -12,7 +12,6 @@ from typing import Any
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
-    CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
@@ -103,18 +102,15 @@ SLO_ATTAINMENT = Gauge(
 
 class ServiceSeries:
     """A per-service gauge whose exposition is rendered when a service's status is exported,
-    not at every scrape: at 1,000 services the pool and condition gauges are 18,000 series,
-    and prometheus_client formats every sample at every scrape (0.25-0.37 s of GIL-holding
-    work each time, pausing every pass). A scrape joins the services' rendered lines.
-
-    It is a collector too (collect, describe), for a registry's readers; `exposition` serves
-    the text."""
+    not at every scrape: at 1,000 services the pool and condition gauges are 16,000 series,
+    and prometheus_client formats every sample at every scrape (about 0.2 s of GIL-holding
+    work each time, pausing every pass; e2e/bench_exposition). A scrape joins the services'
+    rendered lines (`exposition`)."""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str]):
         self.name = name
         self.documentation = documentation
         self._labelnames = (*SERVICE_LABELS, *labelnames)
-        self._values: dict[tuple[str, str], dict[tuple[str, ...], float]] = {}
         self._lines: dict[tuple[str, str], str] = {}
         self._guard = threading.Lock()
 
@@ -126,12 +122,10 @@ class ServiceSeries:
             for extra, value in values.items()
         )
         with self._guard:
-            self._values[(namespace, name)] = dict(values)
             self._lines[(namespace, name)] = lines
 
     def forget(self, namespace: str, name: str) -> None:
         with self._guard:
-            self._values.pop((namespace, name), None)
             self._lines.pop((namespace, name), None)
 
     def text(self) -> str:
@@ -141,15 +135,8 @@ class ServiceSeries:
         return f"# HELP {self.name} {help_}\n# TYPE {self.name} gauge\n" + "".join(lines)
 
     def describe(self) -> list[Metric]:
+        """Name and labels, as a prometheus_client collector describes itself."""
         return [GaugeMetricFamily(self.name, self.documentation, labels=self._labelnames)]
-
-    def collect(self) -> list[Metric]:
-        family = GaugeMetricFamily(self.name, self.documentation, labels=self._labelnames)
-        with self._guard:
-            for (namespace, name), values in self._values.items():
-                for extra, value in values.items():
-                    family.add_metric([namespace, name, *extra], value)
-        return [family]
 
 
 def _label_pairs(names: Sequence[str], values: Sequence[str]) -> str:
@@ -175,10 +162,6 @@ SERVICE_CONDITION = ServiceSeries(
     ["condition"],
 )
 SERVICE_SERIES = (POOL_REPLICAS, SERVICE_CONDITION)
-# Their own registry: the default one formats every sample at every scrape (see above).
-SERVICE_REGISTRY = CollectorRegistry(auto_describe=True)
-for _series in SERVICE_SERIES:
-    SERVICE_REGISTRY.register(_series)
 
 
 def exposition() -> bytes:
