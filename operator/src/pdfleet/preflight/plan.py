@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeGuard
 
 from pdfleet import labels
 from pdfleet.api.v1alpha1 import InferenceService
@@ -91,12 +91,12 @@ def retry_after_s(
     this operator has not tried) at a run that could not measure, else never."""
     if not record or not record.get("error"):
         return None
-    if since_attempt_s is not None and _tried_recently(since_attempt_s):
+    if _tried_recently(since_attempt_s):
         return RETRY_S - since_attempt_s
     return RETRY_S
 
 
-def _tried_recently(since_attempt_s: float | None) -> bool:
+def _tried_recently(since_attempt_s: float | None) -> TypeGuard[float]:
     return since_attempt_s is not None and since_attempt_s < RETRY_S
 
 
