@@ -85,18 +85,24 @@ def test_a_start_up_step_waits_and_a_problem_is_written_at_once(
     assert conditions["Stalled"] == ("True", "InsufficientCapacity")
 
 
+def _fleet_created(controller: Controller, count: int) -> list[str]:
+    """A fleet applied in one go: each service writes its first status, not Ready."""
+    names = [f"svc-{i}" for i in range(count)]
+    for name in names:
+        other = sample("minimal")
+        other["metadata"].update(namespace="ns", name=name, uid=f"uid-{name}", generation=1)
+        controller.reconcile(other, Observed())
+    return names
+
+
 def test_a_start_up_waits_longer_while_many_services_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     controller, writer, body, clock = _created(monkeypatch)
-    others = 200  # a fleet applied in one go: each writes its first status, not Ready
-    for i in range(others):
-        other = sample("minimal")
-        other["metadata"].update(namespace="ns", name=f"svc-{i}", uid=f"o{i}", generation=1)
-        controller.reconcile(other, Observed())
-    unready = others + 1
+    others = _fleet_created(controller, 200)
     interval = min(
-        controller_module.STARTUP_COALESCE_MAX_S, unready / controller_module.STARTUP_PROGRESS_PER_S
+        controller_module.STARTUP_COALESCE_MAX_S,
+        (len(others) + 1) / controller_module.STARTUP_PROGRESS_PER_S,
     )
     assert interval > 2 * WINDOW
 
@@ -116,11 +122,8 @@ def test_services_that_went_away_no_longer_lengthen_the_interval(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     controller, writer, body, clock = _created(monkeypatch)
-    for i in range(200):
-        other = sample("minimal")
-        other["metadata"].update(namespace="ns", name=f"svc-{i}", uid=f"o{i}", generation=1)
-        controller.reconcile(other, Observed())
-        controller.forget("ns", f"svc-{i}")
+    for name in _fleet_created(controller, 200):
+        controller.forget("ns", name)
 
     clock[0] += 1.1 * WINDOW
     ready = (_pod("prefill", 0, ready=True), _pod("decode", 0, ready=True))
