@@ -24,11 +24,16 @@ def test_base_image_is_a_pinned_vllm_033_release() -> None:
     assert ":latest" not in text
 
 
-def test_nixl_pinned_to_an_installable_wheel() -> None:
-    # dataplane.md: nixl==1.5.2 depends on an unpublished nixl-cu12==1.5.2; pin 1.5.1.
+def test_nixl_is_installed_as_vllm_imports_it() -> None:
+    """The meta package (vLLM imports `nixl._api`) and the backend for the CUDA major of
+    the torch in the image, checked with vLLM's own import (tests/image resolves the pins)."""
     text = _text()
-    assert re.search(r"^ARG NIXL_PACKAGE=nixl-cu12$", text, re.M)
+    # nixl==1.5.2 depends on an unpublished nixl-cu12==1.5.2; 1.5.1 resolves.
     assert re.search(r"^ARG NIXL_VERSION=1\.5\.1$", text, re.M)
+    assert "torch.version.cuda" in text
+    assert '"nixl==${NIXL_VERSION}" "nixl-cu${cuda_major}==${NIXL_VERSION}"' in text
+    assert 'python3 -c "import nixl._api"' in text
+    assert "nixl_cu12" not in text
 
 
 def test_hadolint_reports_nothing(tmp_path: Path) -> None:
