@@ -10,8 +10,9 @@ bridge, which plays kubelet for them:
   containers ``ContainerCreating``); without that stage the bridge allocates one itself, from
   the top of the node's podCIDR down, away from kwok's pool, which grows from the bottom;
 * the bridge resolves the container's environment, maps the container to a local command
-  (``pdfleet-agent launch`` with ``PDFLEET_ENGINE=sim`` for workers, the real ``vllm-router``
-  for the router) bound to the pod IP, which is a local address inside ``e2e/netns.sh``;
+  (``pdfleet-agent launch`` with ``PDFLEET_ENGINE=sim`` for workers, or with the real vLLM
+  engine for workers of the CPU engine image, the real ``vllm-router`` for the router)
+  bound to the pod IP, which is a local address inside ``e2e/netns.sh``;
 * it reports ``pods/status`` like kubelet (Running, container states, restarts) and drives
   Ready from the container's own startup/readiness probes (httpGet, exec, tcpSocket), writing
   only on change; liveness failures restart the container;
@@ -97,7 +98,12 @@ class RunnerRule:
         return fnmatch.fnmatchcase(str(container.get("image", "")), self.image)
 
 
+#: Worker pods of this image run the real vLLM engine (its CPU build, installed by
+#: e2e/engine.sh) instead of the simulator: a fleet chooses its engine by the image it names.
+REAL_ENGINE_IMAGE = "*/pdfleet-worker-cpu:*"
+
 DEFAULT_RULES: tuple[RunnerRule, ...] = (
+    RunnerRule("engine", roles=WORKER_ROLES, image=REAL_ENGINE_IMAGE),
     RunnerRule("worker", roles=WORKER_ROLES),
     RunnerRule("router", roles=frozenset({labels.ROLE_ROUTER})),
 )
@@ -113,6 +119,7 @@ class BridgeSettings:
     namespace: str | None = None  # watch one namespace; None: all
     time_scale: float = 1.0  # PDFLEET_SIM_TIME_SCALE: wall seconds per simulated second
     sim_preset: str | None = None  # PDFLEET_SIM_PRESET; None: the simulator's default
+    engine_root: Path | None = None  # e2e/engine.sh's install, for REAL_ENGINE_IMAGE pods
     bin_dir: Path = VENV_BIN  # searched first for commands (pdfleet-agent, vllm-router)
     rules: tuple[RunnerRule, ...] = DEFAULT_RULES
     ip_wait_s: float = 3.0  # wait this long for kwok's pod IP before allocating one
@@ -343,6 +350,7 @@ class LaunchContext:
     search_path: str  # PATH of the bridge, searched after bin_dir
     time_scale: float = 1.0
     sim_preset: str | None = None
+    engine_root: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -382,6 +390,52 @@ def worker_command(
     return LocalCommand(tuple(argv), full)
 
 
+#: What the CPU worker image sets as ENV (docs/real-engine.md): the platform cannot be
+#: inferred without a GPU, 1 GiB of KV cache per engine, no core pinning on a shared
+#: machine, and no model hub.
+REAL_ENGINE_ENV = {
+    "VLLM_TARGET_DEVICE": "cpu",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+}
+#: NIXL's UCX progress thread polls without sleeping (about 0.85 of a core per idle engine,
+#: measured with top -H): on a node each pod has cores of its own, here three engines share
+#: two with the control plane, which must keep its share to reconcile on time.
+ENGINE_NICE = ("nice", "-n", "10")
+#: The image's ``pdfleet-agent``: the agent from this checkout run by the engine's Python,
+#: as the worker image installs it into vLLM's environment.
+ENGINE_SHIM_DIR = Path(__file__).resolve().parent / "engine-bin"
+WORKER_SRC = Path(__file__).resolve().parents[1] / "worker-image" / "src"
+
+
+def engine_command(
+    container: Mapping[str, Any], env: Mapping[str, str], ctx: LaunchContext
+) -> LocalCommand:
+    """A prefill/decode worker running the real vLLM engine: the container's own command
+    (``pdfleet-agent launch``) with the operator's env unchanged, in the engine's Python
+    environment, bound to the pod IP."""
+    if ctx.engine_root is None:
+        raise RuntimeError(
+            f"{container.get('image')} runs the real engine: install it (e2e/engine.sh) "
+            "and set BridgeSettings.engine_root"
+        )
+    full = {**base_env(ctx), **REAL_ENGINE_ENV, **env}
+    full |= {
+        "PATH": os.pathsep.join(
+            [str(ENGINE_SHIM_DIR), str(ctx.engine_root / "venv" / "bin"), ctx.search_path]
+        ),
+        "PYTHONPATH": str(WORKER_SRC),
+        "PDFLEET_ENGINE": "vllm",
+        "PDFLEET_HOST": ctx.pod_ip,
+        "PDFLEET_DRAIN_FILE": str(ctx.pod_dir / "pdfleet-draining"),
+    }
+    argv = container_argv(container, full, entrypoint=("pdfleet-agent", "launch"))
+    return LocalCommand((*ENGINE_NICE, *argv), full)
+
+
 def router_command(
     container: Mapping[str, Any], env: Mapping[str, str], ctx: LaunchContext
 ) -> LocalCommand:
@@ -393,7 +447,11 @@ def router_command(
 
 
 Runner = Callable[[Mapping[str, Any], Mapping[str, str], LaunchContext], LocalCommand]
-RUNNERS: dict[str, Runner] = {"worker": worker_command, "router": router_command}
+RUNNERS: dict[str, Runner] = {
+    "worker": worker_command,
+    "engine": engine_command,
+    "router": router_command,
+}
 
 
 def select_runner(
@@ -641,7 +699,8 @@ def ip_patch(pod: Mapping[str, Any], pod_ip: str, host_ip: str) -> Manifest:
 # ---------------------------------------------------------------------------------------
 
 
-def _which(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+def which(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """argv with its command resolved on env's PATH, as a container runtime would."""
     found = shutil.which(argv[0], path=env.get("PATH"))
     if found is None:
         raise FileNotFoundError(f"{argv[0]} not found on {env.get('PATH')}")
@@ -654,7 +713,7 @@ def run_exec(
     """An exec probe or hook: exit code (-1 on timeout or spawn failure) and output."""
     try:
         proc = subprocess.run(
-            _which(command, env),
+            which(command, env),
             env=dict(env),
             cwd=cwd,
             capture_output=True,
@@ -718,7 +777,7 @@ class ContainerRun:
             f.write(f"{rfc3339(time.time())} {message}\n")
 
     def start(self, cwd: Path) -> None:
-        argv = _which(self.command.argv, self.command.env)
+        argv = which(self.command.argv, self.command.env)
         self._log = self.log_path.open("ab")
         self._log.write(f"==== {rfc3339(time.time())} start: {' '.join(argv)}\n".encode())
         self._log.flush()
@@ -751,9 +810,15 @@ class ContainerRun:
         self.restart_at = None
 
     def signal(self, sig: int) -> None:
+        """Like a container runtime: SIGTERM (any catchable signal) goes to the main process
+        alone, which shuts its children down itself (vLLM's API server drains its engine
+        core); SIGKILL takes the whole container, i.e. the process group."""
         if self.popen is not None and self.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, sig)
+                if sig == signal.SIGKILL:
+                    os.killpg(self.popen.pid, sig)
+                else:
+                    os.kill(self.popen.pid, sig)
 
     def wait(self, timeout_s: float) -> bool:
         """True when the process has exited within ``timeout_s``."""
@@ -777,7 +842,10 @@ class ContainerRun:
         """The exit code once the process is gone (its log closed), else None."""
         if self.popen is None or self.popen.poll() is None:
             return None
-        if self._log is not None:
+        if self._log is not None:  # first look since it exited
+            # A container ends with its main process: whatever it left behind goes too.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
             self._log.close()
             self._log = None
         return exit_code(self.popen.returncode)
@@ -891,6 +959,7 @@ class PodWorker(threading.Thread):
             search_path=os.environ.get("PATH", os.defpath),
             time_scale=self.settings.time_scale,
             sim_preset=self.settings.sim_preset,
+            engine_root=self.settings.engine_root,
         )
         for spec in pod["spec"]["containers"]:
             runner = select_runner(pod, spec, self.settings.rules)
@@ -1363,7 +1432,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="IMAGE_GLOB=RUNNER",
-        help="extra image rule (runners: worker, router), tried before the role rules",
+        help="extra image rule (runners: worker, engine, router), tried before the role rules",
+    )
+    parser.add_argument(
+        "--engine-root",
+        type=Path,
+        default=None,
+        help=f"the real engine's install (e2e/engine.sh --print-root), for {REAL_ENGINE_IMAGE}",
     )
     args = parser.parse_args(argv)
     rules = tuple(_parse_rule(r) for r in args.rule) + DEFAULT_RULES
@@ -1374,6 +1449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         namespace=args.namespace,
         time_scale=args.time_scale,
         sim_preset=args.preset,
+        engine_root=args.engine_root,
         probe_period_max_s=args.probe_period_max,
         rules=rules,
     )

@@ -6,6 +6,7 @@ so a renderer change that the bridge cannot run shows up here first.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,33 @@ def test_worker_command_runs_the_agent_with_the_simulator_on_the_pod_ip() -> Non
 def test_worker_command_defaults_to_the_image_entrypoint() -> None:
     cmd = b.worker_command({"name": "vllm", "args": ["$(X)"]}, {"X": "y"}, ctx())
     assert cmd.argv == ("pdfleet-agent", "launch", "y")
+
+
+def test_the_real_engine_runs_the_pods_own_command_and_env_in_the_engines_python() -> None:
+    pod = pod_of("StatefulSet", "decode")
+    container = {**pod["spec"]["containers"][0], "image": "ghcr.io/pdfleet/pdfleet-worker-cpu:0.32"}
+    assert b.select_runner(pod, container, b.DEFAULT_RULES) == "engine"
+    env = b.resolve_env(container, pod, POD_IP, HOST_IP)
+    cmd = b.engine_command(container, env, replace(ctx(), engine_root=Path("/cache/engine")))
+    assert cmd.argv == (*b.ENGINE_NICE, "pdfleet-agent", "launch")
+    assert cmd.env["PDFLEET_ENGINE"] == "vllm"
+    assert cmd.env["PDFLEET_HOST"] == POD_IP
+    assert cmd.env["VLLM_TARGET_DEVICE"] == "cpu"
+    # The image's agent first, then the engine's venv (vllm), then the machine's PATH.
+    assert cmd.env["PATH"].split(":")[:3] == [
+        str(b.ENGINE_SHIM_DIR),
+        "/cache/engine/venv/bin",
+        "/usr/bin",
+    ]
+    # Everything the operator rendered reaches the engine unchanged.
+    assert {
+        k: v for k, v in env.items() if k.startswith("PDFLEET_") and k != "PDFLEET_HOST"
+    }.items() <= cmd.env.items()
+
+
+def test_the_real_engine_without_its_install_is_a_clear_error() -> None:
+    with pytest.raises(RuntimeError, match=r"e2e/engine\.sh"):
+        b.engine_command({"name": "vllm", "image": "x/pdfleet-worker-cpu:1"}, {}, ctx())
 
 
 def test_router_command_binds_the_pod_ip_and_uses_the_cluster_kubeconfig() -> None:
