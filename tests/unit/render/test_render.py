@@ -127,6 +127,26 @@ def test_agent_turns_the_rendered_env_into_the_vllm_command(name: str, role: str
     assert build_vllm_env(env)["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.244.1.7"
 
 
+@pytest.mark.parametrize(
+    ("router", "scale_out"),
+    [
+        ({"policy": "cache_aware"}, True),  # the router asks every worker for /render
+        ({"policy": "power_of_two"}, False),
+        ({"type": "external", "policy": "cache_aware"}, False),
+    ],
+)
+def test_workers_serve_render_when_the_router_asks_for_it(
+    router: dict[str, str], scale_out: bool
+) -> None:
+    isvc = _service("minimal", {"spec": {"router": router}})
+    for role in ("prefill", "decode"):
+        env = {
+            e["name"]: e["value"] for e in _worker(isvc, role)["container"]["env"] if "value" in e
+        }
+        argv = build_vllm_command({**env, "PDFLEET_POD_IP": "10.244.1.7"})
+        assert ("--enable-scale-out" in argv) is scale_out, role
+
+
 def test_router_discovers_both_pools_in_its_namespace() -> None:
     children = _children(_service("production"))
     args = _find(children, "Deployment", "llama-70b-router")["spec"]["template"]["spec"][

@@ -97,6 +97,12 @@ def test_extra_args_appended_last() -> None:
     assert build_vllm_command(env)[-3:] == ["--enable-prefix-caching", "--seed", "1"]
 
 
+@pytest.mark.parametrize(("value", "flagged"), [("true", True), ("", False), ("no", False)])
+def test_scale_out_endpoints_only_when_asked(value: str, flagged: bool) -> None:
+    argv = build_vllm_command({**BASE, "PDFLEET_ENABLE_SCALE_OUT": value})
+    assert ("--enable-scale-out" in argv) is flagged
+
+
 def test_sim_engine() -> None:
     env = {
         **BASE,

@@ -47,6 +47,7 @@ class LaunchConfig:
     engine: str
     sim_preset: str | None
     sim_time_scale: float | None
+    enable_scale_out: bool = False
 
 
 def _int(env: Mapping[str, str], key: str, default: int, minimum: int = 0) -> int:
@@ -132,6 +133,7 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         engine=engine,
         sim_preset=_opt(env, "PDFLEET_SIM_PRESET"),
         sim_time_scale=time_scale,
+        enable_scale_out=env.get("PDFLEET_ENABLE_SCALE_OUT", "").strip().lower() == "true",
     )
 
 
@@ -167,6 +169,8 @@ def build_vllm_command(env: Mapping[str, str]) -> list[str]:
     if cfg.gpu_memory_utilization is not None:
         argv += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
     argv += ["--shutdown-timeout", str(cfg.shutdown_timeout)]
+    if cfg.enable_scale_out:
+        argv.append("--enable-scale-out")
     if cfg.engine == "sim":
         if cfg.sim_preset:
             argv += ["--preset", cfg.sim_preset]

@@ -87,6 +87,10 @@ def worker_env(isvc: InferenceService, role: str, config: RenderConfig) -> list[
     }
     if spec.model.max_model_len:
         agent["PDFLEET_MAX_MODEL_LEN"] = str(spec.model.max_model_len)
+    if spec.router.type == "vllm-router" and spec.router.policy == "cache_aware":
+        # The router's cache-aware policy asks every worker for /render on each request, and
+        # vLLM answers 403 unless its scale-out endpoints are on.
+        agent["PDFLEET_ENABLE_SCALE_OUT"] = "true"
     if kv.preflight.enabled:
         # The agent starts the KV transport preflight listener beside the engine.
         agent["PDFLEET_PREFLIGHT_PORT"] = str(kv.preflight.port)
