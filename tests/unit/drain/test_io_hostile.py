@@ -159,3 +159,16 @@ def test_a_fleet_closes_only_a_client_it_made() -> None:
     own = RouterFleet(router_replicas(["10.244.0.9"], 8000, 29000))
     own.close()
     assert own.client.is_closed
+
+
+def test_a_decode_pulling_kv_counts_once() -> None:
+    """vLLM's waiting gauge already holds the requests deferred while their KV is pulled
+    (loggers.py sets it to capacity + deferred); the by-reason family splits the same
+    requests and is not added again."""
+    page = (
+        'vllm:num_requests_running{engine="0"} 0\nvllm:num_requests_waiting{engine="0"} 3\n'
+        'vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} 0\n'
+        'vllm:num_requests_waiting_by_reason{engine="0",reason="deferred"} 3\n'
+    )
+    client = httpx.Client(transport=httpx.MockTransport(_answer(200, page, "/metrics")))
+    assert read_engine(client, WORKER, "decode") == (3.0, 0.0)

@@ -61,6 +61,13 @@ def _wait_running(url: str) -> None:
             'vllm:num_requests_waiting_by_reason{reason="capacity"} 7.0\n',
             2.0,
         ),
+        (  # a decode pulling KV: the waiting gauge holds the deferred requests, counted once
+            'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 2.0\n'
+            'vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} 0.0\n'
+            'vllm:num_requests_waiting_by_reason{engine="0",reason="deferred"} 2.0\n',
+            2.0,
+        ),
         ("# TYPE vllm:num_requests_running gauge\n", 0.0),
     ],
 )

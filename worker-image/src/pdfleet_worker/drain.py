@@ -5,6 +5,10 @@ ready` as the readiness probe. preStop marks the pod draining (readiness turns f
 router service discovery and Services stop sending it work), then waits until the engine's
 own gauges show no running or waiting request, up to the drain timeout. SIGTERM then lets
 vLLM's --shutdown-timeout finish the rest (including prefill KV not yet read by a decode).
+
+A decode's requests still pulling their KV from a prefill are in the waiting gauge: vLLM's
+Prometheus logger sets it to capacity + deferred (v1/metrics/loggers.py), so the
+`num_requests_waiting_by_reason` split is not added again.
 """
 
 from __future__ import annotations

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 # The router's per-worker in-flight gauges (reference/router-behaviour.md §5).
 DECODE_GAUGES = ("vllm_router_pd_pending_decode_requests", "vllm_router_pd_active_decode_requests")
 PREFILL_GAUGE = "vllm_router_pd_prefill_occupancy"
+# The waiting gauge includes a decode's requests deferred while their KV is pulled (vLLM's
+# logger sets it to capacity + deferred), so the by-reason split is not added again.
 ENGINE_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 KV_USAGE = "vllm:kv_cache_usage_perc"
 # Requests of one drain reading in flight at once (routers and workers).
