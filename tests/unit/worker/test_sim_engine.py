@@ -1,20 +1,23 @@
 """The simulated engine's scheduler, stepped by hand on a fake clock.
 
 Continuous batching, queueing at `max_num_seqs` and at the KV block capacity, recompute
-preemption and the batched decode step time `d0 + d1*B + d2*B*ctx`, all read from the
-engine's own accounting (its requests, counters and histograms): no wall-clock timing, so a
-loaded machine cannot move a figure.
+preemption, the batched decode step time `d0 + d1*B + d2*B*ctx` and the waiting gauges of a
+decode pulling KV, all read from the engine's own accounting (its requests, counters and
+histograms): no wall-clock timing, so a loaded machine cannot move a figure.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from pdfleet_worker.perfmodel import preset
 from pdfleet_worker.sim.engine import Engine, EngineConfig, Request
+from pdfleet_worker.sim.kvparams import RemotePrefill
 from pdfleet_worker.sim.metrics import EngineMetrics
 
 PRESET = "llama-3.1-8b-h200"
@@ -54,8 +57,8 @@ def drive(engine: Engine, clock: Clock, steps: int | None = None) -> int:
     return done
 
 
-def sample(engine: Engine, name: str) -> float:
-    value = engine.metrics.registry.get_sample_value(name, LABELS)
+def sample(engine: Engine, name: str, **labels: str) -> float:
+    value = engine.metrics.registry.get_sample_value(name, {**LABELS, **labels})
     assert value is not None, name
     return value
 
@@ -129,6 +132,9 @@ def test_running_out_of_kv_preempts_the_last_request_which_recomputes() -> None:
     # computes the KV it lost a second time.
     assert sample(engine, "vllm:iteration_tokens_total_sum") == 2 * (100 + 59) + lost
     assert engine.pool.free == 16
+    # Each finished request reports how often it was preempted.
+    assert sample(engine, "vllm:request_num_preemptions_count") == 2
+    assert sample(engine, "vllm:request_num_preemptions_sum") == 1
 
 
 @pytest.mark.parametrize(
@@ -162,3 +168,74 @@ def test_a_new_request_joins_the_running_batch_at_the_next_step() -> None:
     assert ttft(joining) == pytest.approx(mixed)
     itl = sample(engine, "vllm:inter_token_latency_seconds_sum") - itl_before
     assert itl == pytest.approx(mixed)  # the running request's token waited for the prefill
+
+
+class GatedPuller:
+    """A prefill engine whose READs complete when the test opens the gate."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.notified: list[str] = []
+
+    async def read(self, remote: RemotePrefill) -> None:
+        await self.gate.wait()
+
+    async def notify(self, remote: RemotePrefill) -> None:
+        self.notified.append(remote.request_id)
+
+    async def heartbeat(self, remote: RemotePrefill, request_ids: list[str]) -> None:
+        return None
+
+
+async def _no_sleep(_: float) -> None:
+    return None
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    for _ in range(100):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the transfer task did not get there")
+
+
+WAITING = (
+    [("vllm:num_requests_waiting", {})]
+    + [("vllm:num_requests_waiting_by_reason", {"reason": r}) for r in ("capacity", "deferred")]
+    + [
+        ("vllm:num_requests_kv_fetch_by_stage", {"stage": s})
+        for s in ("waiting_to_start", "in_progress", "completed_waiting")
+    ]
+)
+
+
+def waiting(engine: Engine) -> list[float]:
+    """The waiting gauges, in WAITING's order."""
+    return [sample(engine, name, **labels) for name, labels in WAITING]
+
+
+async def test_a_decode_pulling_kv_is_deferred_by_fetch_stage_and_counted_as_transferred() -> None:
+    clock, puller = Clock(), GatedPuller()
+    metrics = EngineMetrics("m", kv_role="kv_consumer")
+    engine = Engine(MODEL, EngineConfig("m"), metrics, puller, wall=clock, sleep=_no_sleep)
+    remote = RemotePrefill("prefill-a", "cmpl-p-0-12345678", "10.0.0.1", 5600, (7, 8), True)
+    pulled = engine.submit("pulled", 20, 4, "length", remote=remote)
+    engine.submit("local", 30, 4, "length")
+    # waiting, capacity, deferred, waiting_to_start, in_progress, completed_waiting
+    assert waiting(engine) == [2, 2, 0, 1, 0, 0]
+    drive(engine, clock, steps=1)  # allocates the pulled one's blocks and posts its READ
+    await _until(lambda: pulled.kv_state == "transferring")
+    # vLLM's waiting gauge is capacity + deferred; a request whose KV is in flight is deferred.
+    assert waiting(engine) == [1, 0, 1, 0, 1, 0]
+    puller.gate.set()
+    await _until(lambda: pulled.kv_state == "ready")
+    assert waiting(engine) == [1, 0, 1, 0, 0, 1]
+    assert puller.notified == ["cmpl-p-0-12345678"]  # the READ's notification frees P's KV
+    drive(engine, clock)
+    assert waiting(engine) == [0, 0, 0, 0, 0, 0]
+    # Every prompt token of the pulled request came over NIXL, every one of the other was
+    # computed here.
+    by_source = "vllm:prompt_tokens_by_source_total"
+    assert sample(engine, by_source, source="external_kv_transfer") == 20
+    assert sample(engine, by_source, source="local_compute") == 30
+    assert sample(engine, "vllm:nixl_xfer_time_seconds_count") == 1

@@ -1,10 +1,11 @@
 """The simulated vLLM v1 engine: KV block pool, continuous-batching scheduler and step loop.
 
 Where it fits: the HTTP layer (`server.py`) submits requests here and reads tokens back; the
-side channel (`sidechannel.py`) reads and releases the KV blocks a prefill holds. Each step
-schedules like vLLM's v1 scheduler (running requests first, then waiting ones FCFS, under a
-token budget with chunked prefill, `max_num_seqs` and free KV blocks; recompute preemption
-when blocks run out) and lasts `PerfModel.step_seconds(...) * time_scale` of wall time.
+simulated NIXL data plane (`sidechannel.py`) reads and releases the KV blocks a prefill
+holds. Each step schedules like vLLM's v1 scheduler (running requests first, then waiting
+ones FCFS, under a token budget with chunked prefill, `max_num_seqs` and free KV blocks;
+recompute preemption when blocks run out) and lasts `PerfModel.step_seconds(...) *
+time_scale` of wall time.
 
 Times inside the engine are simulated seconds (wall seconds / time_scale). Steps are paced
 against absolute deadlines, so sleep overshoot does not accumulate into the token rate.
@@ -13,18 +14,25 @@ against absolute deadlines, so sleep overshoot does not accumulate into the toke
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from pdfleet_worker.perfmodel import PerfModel
 from pdfleet_worker.sim.kvparams import RemotePrefill, prefill_response_params
-from pdfleet_worker.sim.metrics import EngineMetrics
+from pdfleet_worker.sim.metrics import (
+    EngineMetrics,
+    FinishedRequest,
+    FirstToken,
+    SchedulerState,
+    Transfer,
+)
 from pdfleet_worker.sim.tokens import token_text
 
 log = logging.getLogger("pdfleet.sim.engine")
@@ -34,18 +42,28 @@ log = logging.getLogger("pdfleet.sim.engine")
 _MAX_CATCH_UP_WALL_S = 0.05
 
 KvState = Literal["local", "pending", "transferring", "ready"]
+# A decode request's async KV load by stage (vLLM's num_requests_kv_fetch_by_stage) while it
+# waits: blocks not allocated yet, READ in flight, READ done but not scheduled yet.
+_FETCH_STAGE: dict[str, str] = {
+    "pending": "waiting_to_start",
+    "transferring": "in_progress",
+    "ready": "completed_waiting",
+}
 
 
 class PullError(Exception):
-    """The prefill side did not hand over the blocks (unknown, expired, unreachable)."""
+    """The KV could not be read: no handshake (side channel unreachable, wrong engine id),
+    data plane unreachable, or block ids the prefill engine does not have."""
 
 
 class KvPuller(Protocol):
-    """How a decode engine reads KV from a prefill engine (the simulated NIXL READ)."""
+    """How a decode engine reaches a prefill engine (the simulated NIXL): a handshake over the
+    prefill's side channel once per remote engine, then READs, their completion
+    notifications and lease heartbeats over the prefill's data plane."""
 
-    async def read(self, remote: RemotePrefill, requester: str) -> int: ...
-    async def release(self, remote: RemotePrefill) -> None: ...
-    async def heartbeat(self, host: str, port: int, request_ids: list[str]) -> None: ...
+    async def read(self, remote: RemotePrefill) -> None: ...
+    async def notify(self, remote: RemotePrefill) -> None: ...
+    async def heartbeat(self, remote: RemotePrefill, request_ids: list[str]) -> None: ...
 
 
 @dataclass
@@ -79,6 +97,8 @@ class Request:
     remote: RemotePrefill | None = None
     hold_for_remote_decode: bool = False
     kv_state: KvState = "local"
+    external_tokens: int = 0  # prompt tokens loaded from a prefill engine
+    preemptions: int = 0
     computed: int = 0
     generated: int = 0
     blocks: list[int] = field(default_factory=list)
@@ -95,12 +115,12 @@ class Request:
 
 @dataclass
 class Held:
-    """Prefill KV kept for a remote decode until it is read or its lease runs out."""
+    """Prefill KV kept for a remote decode until its READ's notification or the lease end."""
 
     blocks: list[int]
     num_tokens: int
     expires_at: float
-    reading: bool = False
+    reading: bool = False  # a decode has started reading it (shown on the side channel)
 
 
 @dataclass
@@ -124,11 +144,11 @@ class SimStats:
     requests: int = 0
     prefill_requests: int = 0  # do_remote_decode requests (prefill half)
     kv_held: int = 0  # prefill results kept for a remote decode
-    kv_served_reads: int = 0  # reads of held blocks by a decode (prefill side)
-    kv_released: int = 0
+    kv_served_reads: int = 0  # READs by a decode, of held blocks or not (prefill side)
+    kv_released: int = 0  # held KV freed by its READ's notification
     kv_expired: int = 0
     kv_pulls: int = 0  # decode side: KV pulled from a prefill
-    kv_pull_failures: int = 0  # decode side: valid params but the read failed
+    kv_pull_failures: int = 0  # decode side: valid params but no handshake or READ
     recompute_invalid_params: int = 0  # decode side: do_remote_prefill with bad params
     plain_requests: int = 0  # no kv_transfer_params at all
     rejected_draining: int = 0
@@ -193,11 +213,7 @@ class Engine:
         self._t0 = wall()
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
-        metrics.bind_gauges(
-            running=lambda: float(len(self.running)),
-            waiting=lambda: float(len(self.waiting)),
-            kv_usage=self.pool.usage,
-        )
+        metrics.bind_gauges(self.scheduler_state)
 
     # ----- clock -------------------------------------------------------------------------
 
@@ -207,6 +223,16 @@ class Engine:
 
     def _wall_of(self, t: float) -> float:
         return self._t0 + t * self.config.time_scale
+
+    def scheduler_state(self) -> SchedulerState:
+        return SchedulerState(
+            running=len(self.running),
+            waiting_by_reason=collections.Counter(waiting_reason(r) for r in self.waiting),
+            kv_fetch_by_stage=collections.Counter(
+                _FETCH_STAGE[r.kv_state] for r in self.waiting if r.kv_state in _FETCH_STAGE
+            ),
+            kv_usage=self.pool.usage(),
+        )
 
     # ----- admission ---------------------------------------------------------------------
 
@@ -259,28 +285,41 @@ class Engine:
             req.blocks = []
         self._finish(req, "abort", self.now(), keep_blocks=False)
 
-    # ----- prefill side of the KV protocol (called by the side channel) --------------------
+    # ----- prefill side of the KV protocol (called by the data plane) ---------------------
 
-    def kv_read(self, engine_id: str, request_id: str) -> Held:
+    def nixl_read(self, request_id: str, block_ids: Sequence[int]) -> int:
+        """A decode READs blocks of this engine. NIXL reads are one-sided: this engine's
+        scheduler takes no part, so blocks are read whether or not `request_id` is still
+        held (a stale id reads whatever the blocks hold now). Block ids outside the pool fail
+        like an invalid NIXL descriptor."""
+        bad = [b for b in block_ids if not 0 <= b < self.pool.num_blocks]
+        if bad:
+            raise PullError(f"block ids {bad} are not in this engine's {self.pool.num_blocks}")
         held = self.held.get(request_id)
-        if engine_id != self.config.engine_id:
-            raise PullError(f"engine id {engine_id} is not {self.config.engine_id}")
-        if held is None or held.expires_at < self.now():
-            raise PullError(f"no KV held for {request_id} (unknown, read or expired)")
-        held.reading = True
+        if held is not None:
+            held.reading = True
         self.stats.kv_served_reads += 1
-        return held
+        return len(block_ids)
 
-    def kv_release(self, request_id: str) -> bool:
+    def nixl_notify(self, request_id: str) -> bool:
+        """The READ's completion notification: the held blocks are freed. One for a request
+        no longer held (read already, expired, unknown) is counted as vLLM counts it."""
         held = self.held.pop(request_id, None)
         if held is None:
+            self.metrics.nixl_after_expiry.inc()
+            log.error(
+                "Potentially invalid KV blocks for unrecognized request %s were retrieved by a "
+                "decode worker. They may have expired.",
+                request_id,
+            )
             return False
         self.pool.release(held.blocks)
         self.stats.kv_released += 1
         self._wake.set()  # freed blocks may admit a waiting request
         return True
 
-    def kv_heartbeat(self, request_ids: list[str]) -> int:
+    def nixl_heartbeat(self, request_ids: list[str]) -> int:
+        """A decode's "HB:" notification: extends the leases of the ids still held."""
         now = self.now()
         n = 0
         for rid in request_ids:
@@ -292,7 +331,8 @@ class Engine:
 
     def expire_held(self) -> int:
         now = self.now()
-        gone = [rid for rid, h in self.held.items() if h.expires_at < now and not h.reading]
+        # Read or not: vLLM frees on expiry even while a READ may be in flight.
+        gone = [rid for rid, h in self.held.items() if h.expires_at < now]
         for rid in gone:
             self.pool.release(self.held.pop(rid).blocks)
             self.stats.kv_expired += 1
@@ -330,6 +370,9 @@ class Engine:
         self.pool.release(victim.blocks)
         victim.blocks = []
         victim.computed = 0  # recompute mode: prompt and generated tokens are prefilled again
+        victim.preemptions += 1
+        if victim.kv_state == "ready":
+            victim.kv_state = "local"  # the pulled KV is gone with its blocks
         self.waiting.appendleft(victim)
         self.stats.preemptions += 1
         self.metrics.preemptions.inc()
@@ -407,8 +450,9 @@ class Engine:
         self.metrics.generation_tokens.inc()
         if req.first_token is None:
             req.first_token = t
-            self.metrics.ttft.observe(t - req.arrival)
-            self.metrics.prompt_tokens.inc(req.prompt_tokens)
+            self.metrics.first_token(
+                FirstToken(t - req.arrival, req.prompt_tokens, req.external_tokens, req.max_tokens)
+            )
         elif req.last_token is not None:
             self.metrics.itl.observe(t - req.last_token)
         req.last_token = t
@@ -437,21 +481,7 @@ class Engine:
         else:
             self.pool.release(req.blocks)
         req.blocks = []
-        m = self.metrics
-        m.request_success(reason)
-        if reason != "abort":
-            m.e2e.observe(t - req.arrival)
-            m.request_prompt_tokens.observe(req.prompt_tokens)
-            m.request_generation_tokens.observe(req.generated)
-            m.request_max_tokens.observe(req.max_tokens)
-            if req.first_scheduled is not None:
-                m.queue_time.observe(req.first_scheduled - req.arrival)
-                m.inference_time.observe(t - req.first_scheduled)
-                if req.first_token is not None:
-                    m.prefill_time.observe(req.first_token - req.first_scheduled)
-                    m.decode_time.observe(t - req.first_token)
-            if req.first_token is not None and req.generated > 1:
-                m.tpot.observe((t - req.first_token) / (req.generated - 1))
+        self.metrics.request_finished(finished_stats(req, reason, t))
         req.events.put_nowait(Finished(reason, req.prompt_tokens, req.generated, params))
 
     # ----- decode side of the KV protocol --------------------------------------------------
@@ -470,14 +500,26 @@ class Engine:
         try:
             if self.puller is None:
                 raise PullError("no KV puller configured")
-            tokens = await self.puller.read(remote, self.config.engine_id)
-            tokens = min(tokens, req.prompt_tokens)
+            await self.puller.read(remote)
+            posted = self.now()
+            # vLLM's pull decode loads every prompt token (the prompt is its own, so
+            # remote_num_tokens is not consulted); the time is the model's, not measured.
+            tokens = req.prompt_tokens
             seconds = self.model.kv_transfer_seconds(tokens, self.config.kv_bandwidth_bytes_per_s)
             await self._sleep(seconds * self.config.time_scale)
-            await self.puller.release(remote)
+            await self.puller.notify(remote)
             ok = True
-            self.metrics.nixl_xfer_time.observe(self.now() - started)
-            self.metrics.nixl_bytes.observe(tokens * self.model.kv_bytes_per_token)
+            blocks = min(len(remote.block_ids), self.model.blocks_for(tokens))
+            self.metrics.kv_transfer(
+                Transfer(
+                    post_s=posted - started,
+                    xfer_s=seconds,  # the modelled READ; the notification rides along
+                    # NIXL moves whole blocks; one descriptor per block (vLLM: per block and
+                    # per layer region, which the latency model does not know).
+                    num_bytes=blocks * self.model.block_size * self.model.kv_bytes_per_token,
+                    descriptors=blocks,
+                )
+            )
         except PullError as err:
             log.warning("KV load failed for %s: %s", req.id, err)
         if req.done:  # aborted while transferring
@@ -487,6 +529,7 @@ class Engine:
         if ok:
             self.stats.kv_pulls += 1
             req.kv_state = "ready"
+            req.external_tokens = req.prompt_tokens
             # vLLM recomputes the last prompt token locally to get its logits.
             req.computed = req.prompt_tokens - 1
         else:
@@ -501,20 +544,16 @@ class Engine:
         self._wake.set()
 
     async def _heartbeats(self) -> None:
-        """Keep the prefill leases of requests queued here alive (every lease / 6)."""
+        """Keep the prefill leases of requests queued here alive (every lease / 6), one
+        heartbeat per remote engine, as vLLM's decode does for params with a tp_size."""
         interval = self.config.kv_lease_s / 6 * self.config.time_scale
         while True:
             await self._sleep(interval)
             if self.puller is None:
                 continue
-            by_peer: dict[tuple[str, int], list[str]] = {}
-            for req in self.waiting:
-                if req.remote is not None and req.kv_state in ("pending", "transferring"):
-                    key = (req.remote.host, req.remote.port)
-                    by_peer.setdefault(key, []).append(req.remote.request_id)
-            for (host, port), ids in by_peer.items():
+            for remote, ids in heartbeat_batches(self.waiting).values():
                 with contextlib.suppress(PullError):
-                    await self.puller.heartbeat(host, port, ids)
+                    await self.puller.heartbeat(remote, ids)
 
     # ----- the loop --------------------------------------------------------------------------
 
@@ -544,3 +583,43 @@ class Engine:
         finally:
             for task in list(self._tasks):
                 task.cancel()
+
+
+def waiting_reason(req: Request) -> str:
+    """vLLM's reason label of a waiting request: one whose KV is being pulled, or pulled and
+    not scheduled yet, is deferred (WAITING_FOR_REMOTE_KVS); any other waits for capacity."""
+    return "deferred" if req.kv_state in ("transferring", "ready") else "capacity"
+
+
+def heartbeat_batches(
+    waiting: Sequence[Request],
+) -> dict[str, tuple[RemotePrefill, list[str]]]:
+    """Remote request ids to heartbeat, by remote engine id (with one of its params to reach
+    it): the waiting requests whose KV is still to be read."""
+    out: dict[str, tuple[RemotePrefill, list[str]]] = {}
+    for req in waiting:
+        remote = req.remote
+        if remote is not None and remote.heartbeat and req.kv_state in ("pending", "transferring"):
+            out.setdefault(remote.engine_id, (remote, []))[1].append(remote.request_id)
+    return out
+
+
+def finished_stats(req: Request, reason: str, t: float) -> FinishedRequest:
+    """What a request finishing at simulated time t adds to the histograms. A phase the
+    request never reached lasts 0 (vLLM records those requests too)."""
+    scheduled = t if req.first_scheduled is None else req.first_scheduled
+    first = t if req.first_token is None else req.first_token
+    decode_steps = req.generated - 1
+    return FinishedRequest(
+        reason=reason,
+        e2e=t - req.arrival,
+        queued=scheduled - req.arrival,
+        prefill=first - scheduled,
+        inference=t - scheduled,
+        decode=t - first,
+        prompt_tokens=req.prompt_tokens,
+        generation_tokens=req.generated,
+        max_tokens=req.max_tokens,
+        preemptions=req.preemptions,
+        mean_time_per_output_token=(t - first) / decode_steps if decode_steps > 0 else 0.0,
+    )

@@ -4,7 +4,9 @@ Where it fits: the simulator's request handlers use these to decide whether a re
 prefill half (`do_remote_decode`), a decode half that may pull KV from a prefill worker
 (`do_remote_prefill` with complete params) or a plain request, and to build the exact params a
 0.33 prefill worker returns. Field names and validity rules follow
-distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py.
+distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py: a decode request uses the
+remote KV when `remote_block_ids` is non-empty and the four remote fields are present (a
+None value counts as present); `tp_size` only decides whether the decode heartbeats.
 """
 
 from __future__ import annotations
@@ -12,26 +14,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# A decode request uses the remote KV only if all of these are present (0.33 pull scheduler).
-REQUIRED_DECODE_FIELDS = (
-    "remote_engine_id",
-    "remote_request_id",
-    "remote_host",
-    "remote_port",
-    "tp_size",
-)
+# A decode request uses the remote KV only if all of these keys are present (0.33 pull
+# scheduler, update_state_after_alloc: `all(p in params for p in ...)`).
+REQUIRED_DECODE_FIELDS = ("remote_engine_id", "remote_request_id", "remote_host", "remote_port")
+# What the decode needs besides those to heartbeat the prefill's lease (on_new_request).
+HEARTBEAT_FIELDS = (*REQUIRED_DECODE_FIELDS, "tp_size")
 
 
 @dataclass(frozen=True)
 class RemotePrefill:
-    """Where a decode request finds its prompt's KV blocks."""
+    """Where a decode request finds its prompt's KV blocks. The request id is opaque here:
+    the decode reads the given block ids whether or not the prefill still knows it."""
 
     engine_id: str
     request_id: str
-    host: str
-    port: int
+    host: str | None  # the prefill's side channel, dialled only to handshake
+    port: int | None
     block_ids: tuple[int, ...]
-    num_tokens: int | None
+    heartbeat: bool  # every field of HEARTBEAT_FIELDS is set
 
 
 def wants_remote_decode(params: Any) -> bool:
@@ -46,29 +46,34 @@ def parse_remote_prefill(params: Any) -> tuple[RemotePrefill | None, str | None]
     """
     if not isinstance(params, dict) or not params.get("do_remote_prefill"):
         return None, None
-    missing = [f for f in REQUIRED_DECODE_FIELDS if params.get(f) is None]
+    missing = [f for f in REQUIRED_DECODE_FIELDS if f not in params]
     if missing:
         return None, f"missing {', '.join(missing)}"
-    blocks = params.get("remote_block_ids")
-    flat = _flatten_block_ids(blocks)
-    if flat is None or not flat:
+    flat = _flatten_block_ids(params.get("remote_block_ids"))
+    if not flat:
         return None, "remote_block_ids empty or malformed"
-    try:
-        port = int(params["remote_port"])
-    except (TypeError, ValueError):
-        return None, "remote_port is not an integer"
-    num = params.get("remote_num_tokens")
+    host, port = params["remote_host"], params["remote_port"]
     return (
         RemotePrefill(
             engine_id=str(params["remote_engine_id"]),
             request_id=str(params["remote_request_id"]),
-            host=str(params["remote_host"]),
-            port=port,
+            host=None if host is None else str(host),
+            port=_port(port),
             block_ids=tuple(flat),
-            num_tokens=int(num) if isinstance(num, int) else None,
+            heartbeat=all(params.get(f) is not None for f in HEARTBEAT_FIELDS),
         ),
         None,
     )
+
+
+def _port(value: Any) -> int | None:
+    # A port that is not a number cannot be dialled: the handshake, if needed, fails.
+    if isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _flatten_block_ids(blocks: Any) -> list[int] | None:
@@ -98,6 +103,7 @@ def prefill_response_params(
     tp_size: int,
     num_tokens: int,
     registration_generation: int = 1,
+    cached_tokens: int = 0,
 ) -> dict[str, Any]:
     """The `kv_transfer_params` a 0.33 NixlConnector prefill worker returns (pull mode)."""
     return {
@@ -115,4 +121,6 @@ def prefill_response_params(
         "remote_blocks_expiry_time": None,
         "remote_registration_generation": registration_generation,
         "transfer_mode": "pull",
+        # Prompt tokens the prefill found in its prefix cache (none: the simulator has none).
+        "remote_prefill_cached_tokens": cached_tokens,
     }

@@ -2,11 +2,14 @@
 
 Where it fits: pure helpers for the simulator's /v1/completions and /v1/chat/completions
 handlers (server.py): what a request asks for, and the JSON objects and SSE chunks vLLM
-sends back (ids, `usage`, top-level `kv_transfer_params`, `[DONE]`).
+sends back (ids, `usage`, top-level `kv_transfer_params`, `[DONE]`). The non-streaming
+answers carry exactly the keys of vLLM's CompletionResponse and ChatCompletionResponse (the
+fields the simulator does not model are null), which e2e/differential.py compares.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -84,9 +87,31 @@ def parse_request(kind: Kind, body: Any, default_output_tokens: int) -> Ask:
     )
 
 
+def new_response_id(kind: Kind, header: str | None) -> str:
+    """The answer's id: the client's X-Request-Id, else 16 random hex digits."""
+    return f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{header or uuid.uuid4().hex[:16]}"
+
+
+def engine_request_id(kind: Kind, response: str) -> str:
+    """The id inside the engine (a prefill's `remote_request_id`): completions add the
+    prompt's index in the batch, both add 8 random characters so that retries with the same
+    X-Request-Id stay distinct."""
+    index = "-0" if kind == "completion" else ""
+    return f"{response}{index}-{uuid.uuid4().hex[:8]}"
+
+
+def system_fingerprint(version: str, tp_size: int, identity: str) -> str:
+    """vLLM's default ("full") fingerprint: version, parallelism above 1, and 8 hex digits
+    of a hash of the engine's configuration (here: whatever identifies the simulated one)."""
+    parallel = [f"tp{tp_size}"] if tp_size > 1 else []
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
+    return "-".join([f"vllm-{version}", *parallel, digest])
+
+
 def error_body(message: str, status: int) -> dict[str, Any]:
     kinds = {
         400: "BadRequestError",
+        403: "PermissionDeniedError",
         404: "NotFoundError",
         500: "InternalServerError",
         503: "ServiceUnavailableError",
@@ -137,19 +162,26 @@ def usage(prompt: int, completion: int) -> dict[str, Any]:
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
+
+
+# Keys of a non-streaming choice that only matter for what the simulator does not model
+# (token ids returned on request, MoE routing).
+_UNMODELLED_CHOICE = {"token_ids": None, "routed_experts": None}
+_UNMODELLED_PROMPT = {"prompt_logprobs": None, "prompt_token_ids": None}
 
 
 def _choice(kind: Kind, text: str, finish: str | None, stream: bool, first: bool) -> Any:
     if kind == "completion":
-        return {
+        choice = {
             "index": 0,
             "text": text,
             "logprobs": None,
             "finish_reason": finish,
             "stop_reason": None,
-            **({} if stream else {"prompt_logprobs": None}),
         }
+        return choice if stream else {**choice, **_UNMODELLED_CHOICE, **_UNMODELLED_PROMPT}
     if stream:
         delta: dict[str, Any] = {"content": text}
         if first:
@@ -167,12 +199,15 @@ def _choice(kind: Kind, text: str, finish: str | None, stream: bool, first: bool
             "role": "assistant",
             "content": text,
             "refusal": None,
-            "tool_calls": [],
-            "reasoning_content": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "reasoning": None,
         },
         "logprobs": None,
         "finish_reason": finish,
         "stop_reason": None,
+        **_UNMODELLED_CHOICE,
     }
 
 
@@ -185,7 +220,10 @@ def full_response(
     prompt: int,
     completion: int,
     kv_transfer_params: dict[str, Any] | None,
+    fingerprint: str,
 ) -> dict[str, Any]:
+    # A chat answer also echoes the prompt (on request only, so null here).
+    prompt_echo = {} if kind == "completion" else {**_UNMODELLED_PROMPT, "prompt_text": None}
     return {
         "id": response_id,
         "object": "text_completion" if kind == "completion" else "chat.completion",
@@ -193,10 +231,12 @@ def full_response(
         "model": model,
         "choices": [_choice(kind, text, finish, stream=False, first=True)],
         "service_tier": None,
-        "system_fingerprint": None,
+        "system_fingerprint": fingerprint,
         "usage": usage(prompt, completion),
-        "prompt_logprobs": None,
+        **prompt_echo,
         "kv_transfer_params": kv_transfer_params,
+        "ec_transfer_params": None,  # the encoder-cache connector's, never set here
+        "metrics": None,
     }
 
 

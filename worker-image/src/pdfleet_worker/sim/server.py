@@ -3,8 +3,9 @@
 Where it fits: run wherever a vLLM 0.33 worker would run. It takes vLLM's own flags (unknown
 ones are ignored with a warning, so the agent's `vllm serve` command line can be replayed
 against it) plus simulator flags (--preset, --time-scale, --kv-bandwidth). One process is one
-engine (DP=1): it serves the OpenAI API on --port and the KV side channel on
-VLLM_NIXL_SIDE_CHANNEL_PORT, like a vLLM instance with NixlConnector.
+engine (DP=1): it serves the OpenAI API on --port, the KV side channel on
+VLLM_NIXL_SIDE_CHANNEL_PORT and the simulated NIXL data plane on an ephemeral port, like a
+vLLM instance with NixlConnector.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 import uuid
@@ -35,12 +37,29 @@ from pdfleet_worker.sim.engine import Engine, EngineConfig, Finished, KvPuller, 
 from pdfleet_worker.sim.engine import Request as EngineRequest
 from pdfleet_worker.sim.kvparams import parse_remote_prefill, wants_remote_decode
 from pdfleet_worker.sim.metrics import CONTENT_TYPE, EngineMetrics
-from pdfleet_worker.sim.sidechannel import HttpKvPuller, side_channel_app
+from pdfleet_worker.sim.sidechannel import HttpKvPuller, data_plane_app, side_channel_app
 from pdfleet_worker.sim.tokens import count_text_tokens
 
 log = logging.getLogger("pdfleet.sim")
 
 VLLM_VERSION = "0.33.0"
+# What vLLM's engine client raises for a request that arrives while it shuts down (its
+# executor is closed); the API server answers it as any unexpected error: HTTP 500.
+SHUTDOWN_MESSAGE = "cannot schedule new futures after shutdown"
+# vLLM's scale-out endpoints, answered 403 unless `vllm serve --enable-scale-out` (which the
+# simulator does not model).
+SCALE_OUT_PATHS = (
+    "/v1/completions/render",
+    "/v1/chat/completions/render",
+    "/v1/messages/render",
+    "/v1/responses/render",
+    "/v1/completions/derender",
+    "/v1/chat/completions/derender",
+    "/inference/v1/generate",
+)
+SCALE_OUT_MESSAGE = (
+    "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them."
+)
 
 
 class Sim:
@@ -59,6 +78,10 @@ class Sim:
         self.default_output_tokens = default_output_tokens
         self.in_flight = 0
         self.created = int(time.time())
+        c = engine.config
+        self.fingerprint = openai.system_fingerprint(
+            VLLM_VERSION, c.tp_size, f"{self.model_path}|{engine.model.name}|{c.max_model_len}"
+        )
 
     # ----- plain endpoints ---------------------------------------------------------------
 
@@ -93,6 +116,9 @@ class Sim:
                 "token_strs": None,
             }
         )
+
+    async def scale_out_disabled(self, _: Request) -> JSONResponse:
+        return _error(SCALE_OUT_MESSAGE, 403)
 
     async def stats(self, _: Request) -> JSONResponse:
         e = self.engine
@@ -132,7 +158,7 @@ class Sim:
         e = self.engine
         if not e.accepting:
             e.stats.rejected_draining += 1
-            return _error("server is shutting down", 503)
+            return _error(SHUTDOWN_MESSAGE, 500)
         why = e.validate(ask.prompt_tokens, ask.max_tokens)
         if why:
             return _error(why, 400)
@@ -149,11 +175,9 @@ class Sim:
             )
         elif remote is None:
             e.stats.plain_requests += 1
-        base = request.headers.get("x-request-id") or uuid.uuid4().hex
-        response_id = f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{base}"
-        internal_id = f"{response_id}-{uuid.uuid4().hex[:8]}"
+        response_id = openai.new_response_id(kind, request.headers.get("x-request-id"))
         req = e.submit(
-            internal_id,
+            openai.engine_request_id(kind, response_id),
             ask.prompt_tokens,
             ask.max_tokens,
             ask.limit_reason,
@@ -182,6 +206,7 @@ class Sim:
                 done.prompt_tokens,
                 done.completion_tokens,
                 done.kv_transfer_params,
+                self.fingerprint,
             )
         )
 
@@ -251,6 +276,7 @@ class Sim:
                 Route("/sim/stats", self.stats, methods=["GET"]),
                 Route("/v1/completions", self.completions, methods=["POST"]),
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                *(Route(p, self.scale_out_disabled, methods=["POST"]) for p in SCALE_OUT_PATHS),
             ]
         )
 
@@ -380,6 +406,27 @@ def model_from_args(args: argparse.Namespace) -> PerfModel:
     return dataclasses.replace(m, **overrides) if overrides else m
 
 
+def kv_role_from_args(args: argparse.Namespace) -> str | None:
+    """The KV connector's role, None without a connector (then vLLM serves no `vllm:nixl_*`
+    families). The simulator acts as prefill or decode per request whatever the role, as
+    vLLM's `kv_both` does; the role only decides which metric families exist."""
+    ktc = args.kv_transfer_config or {}
+    role = args.kv_role or ktc.get("kv_role")
+    return str(role) if role else ("kv_both" if ktc else None)
+
+
+def cache_info(model: PerfModel, args: argparse.Namespace) -> dict[str, str]:
+    """Labels of `vllm:cache_config_info`: the CacheConfig fields the simulator has (vLLM's
+    page has more, renamed from release to release; nothing in pdfleet reads them)."""
+    return {
+        "block_size": str(model.block_size),
+        "cache_dtype": "auto",
+        "enable_prefix_caching": "False",
+        "num_gpu_blocks": str(model.kv_capacity_blocks),
+        "num_gpu_blocks_override": str(args.num_gpu_blocks_override),
+    }
+
+
 def config_from_args(args: argparse.Namespace, model_name: str) -> EngineConfig:
     ktc: dict[str, Any] = dict(args.kv_transfer_config or {})
     extra = ktc.get("kv_connector_extra_config") or {}
@@ -412,13 +459,31 @@ def build_sim(args: argparse.Namespace, puller: KvPuller | None = None) -> Sim:
     """The API and engine a command line describes (its loop not started yet)."""
     model_path = args.model or args.model_tag
     model_name = args.served_model_name or model_path or "sim-model"
-    engine = Engine(
-        model_from_args(args),
-        config_from_args(args, model_name),
-        EngineMetrics(model_name, max_model_len=args.max_model_len),
-        puller,
+    model = model_from_args(args)
+    metrics = EngineMetrics(
+        model_name,
+        max_model_len=args.max_model_len,
+        kv_role=kv_role_from_args(args),
+        cache_info=cache_info(model, args),
     )
+    engine = Engine(model, config_from_args(args, model_name), metrics, puller)
     return Sim(engine, model_name, args.default_output_tokens, model_path)
+
+
+def _ephemeral_socket(host: str) -> socket.socket:
+    """A TCP socket bound to a free port. The protocol is named: asyncio sets TCP_NODELAY
+    only on sockets whose proto says TCP, and without it every answer waits out the peer's
+    delayed ACK (about 40 ms a call)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind((host, 0))
+    return sock
+
+
+def _listener(app: Starlette, host: str, port: int, level: str) -> _QuietServer:
+    return _QuietServer(
+        uvicorn.Config(app, host=host, port=port, log_level=level, access_log=False, lifespan="off")
+    )
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -428,32 +493,26 @@ async def serve(args: argparse.Namespace) -> int:
     sim = build_sim(args, puller)
     engine = sim.engine
     level = args.log_level.lower()
-    api = _QuietServer(
-        uvicorn.Config(
-            sim.app(),
-            host=args.host,
-            port=args.port,
-            log_level=level,
-            access_log=False,
-            lifespan="off",
-        )
+    # The data plane listens where UCX would: an ephemeral port, announced by the handshake.
+    data_socket = _ephemeral_socket(args.host)
+    bound, agent_port = data_socket.getsockname()[:2]
+    # A wildcard bind is announced under the side channel's host, which the decode reached.
+    agent_host = args.side_channel_host if bound in ("0.0.0.0", "::") else str(bound)
+    api = _listener(sim.app(), args.host, args.port, level)
+    side = _listener(
+        side_channel_app(engine, agent_host, agent_port), args.host, args.side_channel_port, level
     )
-    side = _QuietServer(
-        uvicorn.Config(
-            side_channel_app(engine),
-            host=args.host,
-            port=args.side_channel_port,
-            log_level=level,
-            access_log=False,
-            lifespan="off",
-        )
-    )
+    data = _listener(data_plane_app(engine), args.host, 0, level)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     engine_task = loop.create_task(engine.run())
-    servers = [loop.create_task(api.serve()), loop.create_task(side.serve())]
+    servers = [
+        loop.create_task(api.serve()),
+        loop.create_task(side.serve()),
+        loop.create_task(data.serve(sockets=[data_socket])),
+    ]
     stopper = loop.create_task(stop.wait())
     done, _ = await asyncio.wait([*servers, stopper], return_when=asyncio.FIRST_COMPLETED)
     rc = 0
@@ -462,7 +521,7 @@ async def serve(args: argparse.Namespace) -> int:
     else:
         rc = 1  # a listener failed (e.g. port in use)
         stopper.cancel()
-    api.should_exit = side.should_exit = True
+    api.should_exit = side.should_exit = data.should_exit = True
     engine_task.cancel()
     await asyncio.gather(*servers, engine_task, return_exceptions=True)
     await puller.aclose()

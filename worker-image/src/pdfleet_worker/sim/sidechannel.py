@@ -1,15 +1,23 @@
-"""The simulator's stand-in for the NIXL side channel and READ: a small HTTP/JSON listener.
+"""The simulator's stand-in for NIXL: a side channel for the handshake, a data plane for
+READs and notifications, both small HTTP/JSON listeners.
 
-Where it fits: vLLM's decode engine contacts the prefill engine at `remote_host:remote_port`
-(the ZMQ side channel, VLLM_NIXL_SIDE_CHANNEL_HOST/PORT) and then READs the blocks over
-NIXL, notifying the prefill when done. The simulator keeps that topology: every sim listens on
-its side-channel port, and a decode sim really calls the prefill sim named in the params, so a
-prefill that holds blocks, a dead prefill or an expired lease behave as they would with vLLM.
+Where it fits: vLLM's decode engine handshakes once per remote prefill engine over that
+engine's ZMQ side channel (`remote_host:remote_port`, VLLM_NIXL_SIDE_CHANNEL_HOST/PORT),
+which answers with its NIXL agent metadata; from then on it READs blocks one-sidedly over
+NIXL (UCX, on ephemeral ports) with a completion notification that frees them on the
+prefill, and renews leases with "HB:" notifications. The simulator keeps that topology:
+every sim serves a side channel on its side-channel port and a data plane on an ephemeral
+port, and a decode sim really calls the prefill sim named in the params, so a prefill that
+holds blocks, a dead prefill or an expired lease behave as they would with vLLM, and a side
+channel that goes away after the handshake changes nothing.
 
-    POST /kv/read       {"engine_id", "request_id"}  -> {"num_tokens", "num_blocks"} | 404
-    POST /kv/release    {"request_id"}               -> {"released": bool}   (the READ notif)
-    POST /kv/heartbeat  {"request_ids": [...]}       -> {"extended": n}      ("HB:" notif)
-    GET  /kv/held                                    -> {"held": {id: {...}}}
+Side channel:
+    POST /kv/handshake                              -> {"engine_id", "agent": {"host", "port"}}
+    GET  /kv/held                                   -> {"held": {id: {...}}}  (not vLLM's)
+Data plane (the prefill engine's agent):
+    POST /nixl/read      {"request_id", "block_ids"} -> {"num_blocks"} | 400 (no such block)
+    POST /nixl/notify    {"request_id"}              -> {"released": bool}  (READ done)
+    POST /nixl/heartbeat {"request_ids": [...]}      -> {"extended": n}     ("HB:" notif)
 """
 
 from __future__ import annotations
@@ -26,24 +34,12 @@ from pdfleet_worker.sim.engine import Engine, PullError
 from pdfleet_worker.sim.kvparams import RemotePrefill
 
 
-def side_channel_app(engine: Engine) -> Starlette:
-    async def read(request: Request) -> JSONResponse:
-        body = await _json(request)
-        try:
-            held = engine.kv_read(str(body.get("engine_id")), str(body.get("request_id")))
-        except PullError as err:
-            return JSONResponse({"error": str(err)}, status_code=404)
-        return JSONResponse({"num_tokens": held.num_tokens, "num_blocks": len(held.blocks)})
+def side_channel_app(engine: Engine, agent_host: str, agent_port: int) -> Starlette:
+    """The handshake listener of a prefill engine whose data plane is agent_host:agent_port."""
 
-    async def release(request: Request) -> JSONResponse:
-        body = await _json(request)
-        return JSONResponse({"released": engine.kv_release(str(body.get("request_id")))})
-
-    async def heartbeat(request: Request) -> JSONResponse:
-        body = await _json(request)
-        ids = body.get("request_ids")
-        ids = [str(i) for i in ids] if isinstance(ids, list) else []
-        return JSONResponse({"extended": engine.kv_heartbeat(ids)})
+    async def handshake(_: Request) -> JSONResponse:
+        agent = {"host": agent_host, "port": agent_port}
+        return JSONResponse({"engine_id": engine.config.engine_id, "agent": agent})
 
     async def held(_: Request) -> JSONResponse:
         now = engine.now()
@@ -63,10 +59,41 @@ def side_channel_app(engine: Engine) -> Starlette:
 
     return Starlette(
         routes=[
-            Route("/kv/read", read, methods=["POST"]),
-            Route("/kv/release", release, methods=["POST"]),
-            Route("/kv/heartbeat", heartbeat, methods=["POST"]),
+            Route("/kv/handshake", handshake, methods=["POST"]),
             Route("/kv/held", held, methods=["GET"]),
+        ]
+    )
+
+
+def data_plane_app(engine: Engine) -> Starlette:
+    """What a decode reaches after the handshake: READs, their notifications, heartbeats."""
+
+    async def read(request: Request) -> JSONResponse:
+        body = await _json(request)
+        blocks = body.get("block_ids")
+        if not isinstance(blocks, list) or not all(isinstance(b, int) for b in blocks):
+            return JSONResponse({"error": "block_ids must be a list of ints"}, status_code=400)
+        try:
+            n = engine.nixl_read(str(body.get("request_id")), blocks)
+        except PullError as err:
+            return JSONResponse({"error": str(err)}, status_code=400)
+        return JSONResponse({"num_blocks": n})
+
+    async def notify(request: Request) -> JSONResponse:
+        body = await _json(request)
+        return JSONResponse({"released": engine.nixl_notify(str(body.get("request_id")))})
+
+    async def heartbeat(request: Request) -> JSONResponse:
+        body = await _json(request)
+        ids = body.get("request_ids")
+        ids = [str(i) for i in ids] if isinstance(ids, list) else []
+        return JSONResponse({"extended": engine.nixl_heartbeat(ids)})
+
+    return Starlette(
+        routes=[
+            Route("/nixl/read", read, methods=["POST"]),
+            Route("/nixl/notify", notify, methods=["POST"]),
+            Route("/nixl/heartbeat", heartbeat, methods=["POST"]),
         ]
     )
 
@@ -79,44 +106,59 @@ async def _json(request: Request) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
+def _url(host: str, port: int, path: str) -> str:
+    h = f"[{host}]" if ":" in host else host
+    return f"http://{h}:{port}{path}"
+
+
 class HttpKvPuller:
-    """The decode side: reads, releases and heartbeats against the prefill's side channel."""
+    """The decode side: handshakes once per remote engine id (as vLLM keys its remote
+    agents), then reads, notifies and heartbeats on that engine's data plane."""
 
-    def __init__(self, timeout_s: float = 5.0) -> None:
-        self._client = httpx.AsyncClient(timeout=timeout_s)
+    def __init__(
+        self, timeout_s: float = 5.0, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        self._client = httpx.AsyncClient(timeout=timeout_s, transport=transport)
+        self.agents: dict[str, str] = {}  # remote engine id -> its data plane's base URL
 
-    @staticmethod
-    def _url(host: str, port: int, path: str) -> str:
-        h = f"[{host}]" if ":" in host else host
-        return f"http://{h}:{port}{path}"
-
-    async def _post(self, host: str, port: int, path: str, body: dict[str, Any]) -> Any:
+    async def _post(self, url: str, body: dict[str, Any]) -> Any:
         try:
-            resp = await self._client.post(self._url(host, port, path), json=body)
+            resp = await self._client.post(url, json=body)
         except httpx.HTTPError as err:
-            raise PullError(f"side channel {host}:{port} unreachable: {err!r}") from err
+            raise PullError(f"{url} unreachable: {err!r}") from err
         if resp.status_code != 200:
-            raise PullError(f"side channel {host}:{port}{path}: {resp.status_code} {resp.text}")
+            raise PullError(f"{url}: {resp.status_code} {resp.text}")
         return resp.json()
 
-    async def read(self, remote: RemotePrefill, requester: str) -> int:
-        body = await self._post(
-            remote.host,
-            remote.port,
-            "/kv/read",
-            {
-                "engine_id": remote.engine_id,
-                "request_id": remote.request_id,
-                "requester": requester,
-            },
-        )
-        return int(body["num_tokens"])
+    async def _agent(self, remote: RemotePrefill) -> str:
+        known = self.agents.get(remote.engine_id)
+        if known is not None:
+            return known  # the side channel is not dialled again
+        if remote.host is None or remote.port is None:
+            raise PullError(f"no side channel to handshake with engine {remote.engine_id}")
+        body = await self._post(_url(remote.host, remote.port, "/kv/handshake"), {})
+        try:
+            engine_id, agent = body["engine_id"], body["agent"]
+            url = _url(str(agent["host"]), int(agent["port"]), "")
+        except (KeyError, TypeError, ValueError) as err:
+            raise PullError(f"malformed handshake answer {body!r}") from err
+        if engine_id != remote.engine_id:
+            raise PullError(f"remote engine id {engine_id} is not {remote.engine_id}")
+        self.agents[remote.engine_id] = url
+        return url
 
-    async def release(self, remote: RemotePrefill) -> None:
-        await self._post(remote.host, remote.port, "/kv/release", {"request_id": remote.request_id})
+    async def read(self, remote: RemotePrefill) -> None:
+        agent = await self._agent(remote)
+        body = {"request_id": remote.request_id, "block_ids": list(remote.block_ids)}
+        await self._post(f"{agent}/nixl/read", body)
 
-    async def heartbeat(self, host: str, port: int, request_ids: list[str]) -> None:
-        await self._post(host, port, "/kv/heartbeat", {"request_ids": request_ids})
+    async def notify(self, remote: RemotePrefill) -> None:
+        agent = await self._agent(remote)
+        await self._post(f"{agent}/nixl/notify", {"request_id": remote.request_id})
+
+    async def heartbeat(self, remote: RemotePrefill, request_ids: list[str]) -> None:
+        agent = await self._agent(remote)  # a proactive handshake, as vLLM's heartbeat does
+        await self._post(f"{agent}/nixl/heartbeat", {"request_ids": request_ids})
 
     async def aclose(self) -> None:
         await self._client.aclose()
