@@ -262,6 +262,7 @@ REFUSED = [
     ("/v1/completions", {"prompt": "a " * 4000, "max_tokens": 100}, 400, "BadRequestError"),
     ("/v1/completions", {"prompt": "a", "n": 2}, 400, "BadRequestError"),
     ("/v1/chat/completions", {"messages": []}, 400, "BadRequestError"),
+    ("/v1/completions", {"prompt": "a", "stream_options": {}}, 400, "BadRequestError"),
 ]
 
 

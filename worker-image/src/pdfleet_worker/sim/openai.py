@@ -75,6 +75,9 @@ def parse_request(kind: Kind, body: Any, default_output_tokens: int) -> Ask:
     if body.get("n", 1) != 1:
         raise BadRequestError("only n=1 is supported by the simulator")
     opts = body.get("stream_options")
+    if opts is not None and not body.get("stream"):
+        # vLLM's request models refuse it (completion/protocol.py, chat_completion/protocol.py).
+        raise BadRequestError("Stream options can only be defined when `stream=True`.")
     return Ask(
         kind=kind,
         model=str(body.get("model", "")),
