@@ -392,8 +392,10 @@ def worker_command(
 
 #: What the CPU worker image sets as ENV (docs/real-engine.md): the platform cannot be
 #: inferred without a GPU, 1 GiB of KV cache per engine, no core pinning on a shared
-#: machine, and no model hub.
+#: machine, no model hub; and NIXL's progress thread sleeps 1 ms between polls instead of
+#: spinning a core per engine (an option of e2e/engine.sh's install).
 REAL_ENGINE_ENV = {
+    "PDFLEET_NIXL_PTHR_DELAY_US": "1000",
     "VLLM_TARGET_DEVICE": "cpu",
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
@@ -401,9 +403,9 @@ REAL_ENGINE_ENV = {
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_NO_USAGE_STATS": "1",
 }
-#: NIXL's UCX progress thread polls without sleeping (about 0.85 of a core per idle engine,
-#: measured with top -H): on a node each pod has cores of its own, here three engines share
-#: two with the control plane, which must keep its share to reconcile on time.
+#: On a node each pod has cores of its own; here three engines share two with the control
+#: plane, which must keep its share to reconcile on time (an engine's start alone keeps a
+#: core busy for a minute).
 ENGINE_NICE = ("nice", "-n", "10")
 #: The image's ``pdfleet-agent``: the agent from this checkout run by the engine's Python,
 #: as the worker image installs it into vLLM's environment.
@@ -428,6 +430,9 @@ def engine_command(
             [str(ENGINE_SHIM_DIR), str(ctx.engine_root / "venv" / "bin"), ctx.search_path]
         ),
         "PYTHONPATH": str(WORKER_SRC),
+        # vLLM binds ZMQ IPC sockets under TMPDIR, and a socket path has at most 107 bytes:
+        # the pod's log directory is too deep. Socket names are UUIDs, so pods can share /tmp.
+        "TMPDIR": "/tmp",
         "PDFLEET_ENGINE": "vllm",
         "PDFLEET_HOST": ctx.pod_ip,
         "PDFLEET_DRAIN_FILE": str(ctx.pod_dir / "pdfleet-draining"),
