@@ -16,6 +16,12 @@ E2E_TESTS := tests/e2e_bridge
 # in 15 waited for its timeout in a CI run, with nothing in flight (docs/drain.md, open).
 SCENARIO_TESTS := tests/e2e_autoscale tests/e2e_faults
 DRAIN_TESTS := tests/e2e_drain
+# Real vLLM (its CPU build, e2e/engine.sh) in the local cluster: P/D over NIXL, the preflight,
+# the autoscaler's signals, a scale-down under load, and the simulator held to the engine.
+# Three engines of ~4 GB each; about 10 minutes with the engines' start.
+ENGINE_TESTS := tests/e2e_engine
+# The worker image's Python environment resolved from PyPI (outside the network namespace).
+IMAGE_TESTS := tests/image
 DEMO_ARGS ?=
 NIXL_PIN := nixl-cu12==1.5.1
 BENCH_SCALE_ARGS ?=
@@ -25,7 +31,7 @@ FAULTS_ARGS ?=
 .DEFAULT_GOAL := help
 
 help: ## List the targets.
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +46,9 @@ install: $(STAMP) ## Create .venv with pdfleet and its development dependencies.
 
 toolchain: ## Build the pinned Kubernetes/etcd/kwok/helm/prometheus binaries (cached outside the checkout).
 	e2e/toolchain.sh
+
+engine: ## Install the real vLLM CPU engine and a tiny local model (cached outside the checkout).
+	e2e/engine.sh
 
 manifests: $(STAMP) ## Generate crds/, the chart's CRDs and docs/api.md from the API models.
 	$(PY) -m pdfleet.api.crd crds
@@ -68,7 +77,11 @@ test-scenarios: $(STAMP) toolchain ## Autoscaling under a load shift and the sho
 test-drain: $(STAMP) toolchain ## Drain cycles, a scale-up during a drain, kubectl delete pod, on the local cluster (~4 min).
 	$(NETNS) $(PYTEST) $(DRAIN_TESTS)
 
-test: verify test-integration test-e2e test-scenarios test-drain ## Everything CI runs.
+test-engine: $(STAMP) toolchain engine ## Real vLLM on the local cluster, and the worker image's environment (~12 min).
+	$(PYTEST) $(IMAGE_TESTS)
+	$(NETNS) $(PYTEST) $(ENGINE_TESTS)
+
+test: verify test-integration test-e2e test-scenarios test-drain test-engine ## Everything CI runs.
 
 bench-scale: $(STAMP) toolchain ## 1,000 InferenceServices on the local cluster, measured (BENCH_SCALE_ARGS=--services 100).
 	$(NETNS) $(PY) -m e2e.bench_scale $(BENCH_SCALE_ARGS)
@@ -79,4 +92,4 @@ test-faults: $(STAMP) toolchain ## The fault suite: tests/e2e_faults, then the f
 demo: $(STAMP) toolchain ## The demo fleet rebalancing itself under a load shift (DEMO_ARGS=--keep).
 	$(NETNS) $(PY) -m e2e.demo $(DEMO_ARGS)
 
-.PHONY: help install toolchain manifests lint test-unit verify test-integration test-e2e test-scenarios test-drain test-faults test demo bench-scale
+.PHONY: help install toolchain engine test-engine manifests lint test-unit verify test-integration test-e2e test-scenarios test-drain test-faults test demo bench-scale

@@ -16,8 +16,9 @@ import json
 import random
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -41,8 +42,12 @@ class Shape:
 
 
 def read_stream(lines: Iterator[str], max_tokens: int) -> tuple[str, str]:
-    """(outcome, detail) of one SSE completion stream: ok only with [DONE] and every token."""
+    """(outcome, detail) of one SSE completion stream: ok only with [DONE] and every token.
+
+    Tokens are the usage chunk's count when the stream has one (`stream_options`), else the
+    words of the text (the simulator writes one word a token)."""
     tokens, done = 0, False
+    usage: int | None = None
     for line in lines:
         if line == "data: [DONE]":
             done = True
@@ -51,15 +56,29 @@ def read_stream(lines: Iterator[str], max_tokens: int) -> tuple[str, str]:
             if "error" in chunk:
                 return "failed", str(chunk)[:200]
             tokens += sum(len(c.get("text", "").split()) for c in chunk.get("choices", ()))
+            if chunk.get("usage"):
+                usage = int(chunk["usage"]["completion_tokens"])
+    tokens = tokens if usage is None else usage
     outcome = "ok" if done and tokens == max_tokens else "truncated"
     return outcome, f"{tokens}/{max_tokens} done={done}"
 
 
 def stream_once(
-    client_: httpx.Client, url: str, prompt_tokens: int, max_tokens: int, model: str = MODEL
+    client_: httpx.Client,
+    url: str,
+    prompt_tokens: int,
+    max_tokens: int,
+    model: str = MODEL,
+    extra: Mapping[str, Any] | None = None,
 ) -> Result:
-    """One streaming completion to `url`; never raises for what the server or network does."""
-    body = {"model": model, "prompt": "tok " * prompt_tokens, "max_tokens": max_tokens}
+    """One streaming completion to `url`; never raises for what the server or network does.
+    `extra` joins the request body (e.g. the real engine's `ignore_eos`)."""
+    body = {
+        "model": model,
+        "prompt": "tok " * prompt_tokens,
+        "max_tokens": max_tokens,
+        **(extra or {}),
+    }
     started = time.time()
     lines: list[str] = []
     try:
@@ -96,11 +115,13 @@ class Load:
         limit: int = 100_000,
         model: str = MODEL,
         timeout_s: float = 60.0,
+        extra: Mapping[str, Any] | None = None,
     ):
         self.urls = [
             f"{r}/v1/completions" for r in ([routers] if isinstance(routers, str) else routers)
         ]
         self.shape, self.limit, self.model, self.timeout_s = shape, limit, model, timeout_s
+        self.extra = dict(extra or {})
         self.results: list[Result] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -117,7 +138,7 @@ class Load:
                 n += 1
                 result = stream_once(
                     http, url, rng.randint(*self.shape.prompt), rng.randint(*self.shape.output),
-                    self.model,
+                    self.model, self.extra,
                 )  # fmt: skip
                 with self._lock:
                     self.results.append(result)

@@ -480,12 +480,15 @@ def apply_crds(cluster: Cluster, api: Any) -> None:
         wait_until(partial(established, name), 30, f"CRD {name} Established")
 
 
-def bridge_settings(cluster: Cluster, log_dir: Path, namespace: str) -> BridgeSettings:
+def bridge_settings(
+    cluster: Cluster, log_dir: Path, namespace: str, engine_root: Path | None = None
+) -> BridgeSettings:
     return BridgeSettings(
         kubeconfig=cluster.kubeconfig,
         log_dir=log_dir,
         namespace=namespace,
         time_scale=TIME_SCALE,
+        engine_root=engine_root,
         probe_period_max_s=PROBE_PERIOD_MAX_S,
         probe_timeout_min_s=PROBE_TIMEOUT_MIN_S,
     )
@@ -501,10 +504,11 @@ class Operated:
 
 @contextlib.contextmanager
 def operated_namespace(
-    cluster: Cluster, api: Any, log_dir: Path, prefix: str
+    cluster: Cluster, api: Any, log_dir: Path, prefix: str, engine_root: Path | None = None
 ) -> Iterator[Operated]:
     """A fresh namespace whose pods a bridge runs and whose InferenceServices a real operator
-    process reconciles; deleted afterwards, its pods finalized by the bridge."""
+    process reconciles; deleted afterwards, its pods finalized by the bridge. With
+    ``engine_root`` (e2e/engine.sh), pods of the real-engine image run real vLLM."""
     core = client.CoreV1Api(api)
     namespace = cluster.create_namespace(f"{prefix}-{uuid.uuid4().hex[:8]}")
     operator = OperatorProcess(
@@ -512,7 +516,7 @@ def operated_namespace(
     )
     try:
         apply_crds(cluster, api)
-        with Bridge(bridge_settings(cluster, log_dir, namespace)) as bridge:
+        with Bridge(bridge_settings(cluster, log_dir, namespace, engine_root)) as bridge:
             operator.start().wait_healthy()
             try:
                 yield Operated(namespace, bridge)
