@@ -53,6 +53,9 @@ LABELS_NOT_COMPARED: dict[str, str] = {
     "renamed and added every release; pdfleet reads none of them",
 }
 
+#: What vLLM's API server answers to a request that arrives while it shuts down.
+SHUTDOWN = "cannot schedule new futures after shutdown"
+
 #: A request the decode must load from the prefill, small enough for any engine.
 PROMPT = "the prefill computes and the decode loads 0.5 cache block token request model"
 
@@ -321,16 +324,20 @@ def drain_answers(url: str, model: str, terminate: Callable[[], None]) -> dict[s
     """What an engine answers once it is told to stop while a request is in flight:
     ``terminate()`` sends the SIGTERM after a long stream started; then a new request,
     ``/health`` and ``/metrics`` are tried, and the stream is read to its end."""
-    body = {"model": model, "prompt": PROMPT, "max_tokens": 1500, "ignore_eos": True,
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 600, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     streamed: dict[str, Any] = {}
 
     def stream() -> None:
-        with (
-            httpx.Client(timeout=120) as http,
-            http.stream("POST", f"{url}/v1/completions", json=body) as resp,
-        ):
-            lines = [line for line in resp.iter_lines() if line.startswith("data: ")]
+        try:
+            with (
+                httpx.Client(timeout=120) as http,
+                http.stream("POST", f"{url}/v1/completions", json=body) as resp,
+            ):
+                lines = [line for line in resp.iter_lines() if line.startswith("data: ")]
+        except httpx.HTTPError as err:
+            streamed["status"] = f"cut: {type(err).__name__}"
+            return
         streamed["status"] = resp.status_code
         streamed["done"] = bool(lines) and lines[-1] == "data: [DONE]"
         usage = [json.loads(x[6:]).get("usage") for x in lines[:-1]]
@@ -341,21 +348,29 @@ def drain_answers(url: str, model: str, terminate: Callable[[], None]) -> dict[s
     wait_until(lambda: _running(url) > 0, 60, f"a request running on {url}", interval_s=0.05)
     terminate()
     time.sleep(0.5)  # the signal handler runs before the next request is read
+    answers: dict[str, Any] = {}
     with httpx.Client(timeout=30) as http:
-        new = http.post(
-            f"{url}/v1/completions", json={"model": model, "prompt": PROMPT, "max_tokens": 2}
-        )
-        answers: dict[str, Any] = {
-            "new request": new.status_code,
-            "new request refused as vLLM does": "cannot schedule new futures after shutdown"
-            in new.text,
-            "/health": http.get(f"{url}/health").status_code,
-            "/metrics": http.get(f"{url}/metrics").status_code,
-        }
+        # While the stream is surely in flight: the engine's drain waits for it.
+        for path in ("/health", "/metrics"):
+            answers[path] = _status(http, "GET", f"{url}{path}")
+        new = {"model": model, "prompt": PROMPT, "max_tokens": 2}
+        answers["new request"] = _status(http, "POST", f"{url}/v1/completions", new)
     reader.join(120)
     answers["in-flight stream"] = (streamed.get("status"), streamed.get("done"))
     answers["in-flight tokens complete"] = streamed.get("tokens") == body["max_tokens"]
     return answers
+
+
+def _status(
+    http: httpx.Client, method: str, url: str, body: Mapping[str, Any] | None = None
+) -> str:
+    """`<status>` (and whether the body says vLLM's shutdown words), or why none came."""
+    try:
+        resp = http.request(method, url, json=body)
+    except httpx.HTTPError as err:
+        return f"no answer: {type(err).__name__}"
+    said = f" {SHUTDOWN}" if SHUTDOWN in resp.text else ""
+    return f"{resp.status_code}{said}"
 
 
 def _running(url: str) -> float:

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from e2e.cluster import REPO_ROOT, Cluster, wait_until
 from e2e.drain_scenario import Service, operated_namespace, wait_settled
 from pdfleet import labels
-from pdfleet_worker import drain
 
 ENGINE_SH = REPO_ROOT / "e2e" / "engine.sh"
 #: Matches e2e.bridge.REAL_ENGINE_IMAGE: the bridge runs these pods as real vLLM.
@@ -118,7 +115,28 @@ def deployed_engine_service(
         router_ip = partial(_has_ip, service, labels.ROLE_ROUTER)
         wait_until(router_ip, 180, "router pod running")
         wait_settled(service, counts, ready_timeout_s)
+        warm_up(service)
         yield service
+
+
+def warm_up(service: Service) -> None:
+    """A few requests of each kind through the router, then idle engines. A CPU engine's
+    first requests of a shape compile kernels for seconds; on a loaded machine a decode
+    then reads its KV after the prefill's 30 s lease, which the tests count as a fault."""
+    body = {"model": SERVED_MODEL, "max_tokens": 8, "ignore_eos": True}
+    with httpx.Client(timeout=300) as http:
+        for words in (8, 300):
+            prompt = " ".join(str(i) for i in range(words))
+            for path, extra in (
+                ("/v1/completions", {"prompt": prompt}),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}]}),
+            ):
+                for stream in (False, True):
+                    url = f"{service.router()}{path}"
+                    http.post(url, json={**body, **extra, "stream": stream}).raise_for_status()
+    wait_engines_idle(
+        {**pod_urls(service, labels.ROLE_PREFILL), **pod_urls(service, labels.ROLE_DECODE)}
+    )
 
 
 def _has_ip(service: Service, role: str) -> bool:
@@ -173,48 +191,3 @@ def wait_serving(service: Service, timeout_s: float = 600.0) -> None:
         for role in (labels.ROLE_PREFILL, labels.ROLE_DECODE)
     }
     wait_settled(service, counts, timeout_s)
-
-
-@dataclass(frozen=True)
-class QueueSample:
-    """One engine's queue gauges at one instant, and what the drain's idle check reads."""
-
-    waiting: float
-    deferred: float  # num_requests_waiting_by_reason{reason="deferred"}
-    kv_fetching: float  # num_requests_kv_fetch_by_stage, every stage
-    drain_in_flight: float  # pdfleet_worker.drain.in_flight of the same page
-
-
-class QueueSampler(threading.Thread):
-    """Reads the engines' /metrics as fast as they answer until stopped: a request waiting
-    for its KV lives only for the transfer, so only many looks catch one."""
-
-    def __init__(self, urls: Mapping[str, str]) -> None:
-        super().__init__(daemon=True)
-        self.urls = dict(urls)
-        self.samples: list[QueueSample] = []
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        with httpx.Client(timeout=5) as http:
-            while not self._stop_event.is_set():
-                for url in self.urls.values():
-                    with contextlib.suppress(httpx.HTTPError):
-                        self.samples.append(queue_sample(http.get(f"{url}/metrics").text))
-
-    def __enter__(self) -> QueueSampler:
-        self.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop_event.set()
-        self.join(10)
-
-
-def queue_sample(text: str) -> QueueSample:
-    return QueueSample(
-        waiting=sample_sum(text, "vllm:num_requests_waiting"),
-        deferred=sample_sum(text, "vllm:num_requests_waiting_by_reason", reason="deferred"),
-        kv_fetching=sample_sum(text, "vllm:num_requests_kv_fetch_by_stage"),
-        drain_in_flight=drain.in_flight(text),
-    )
