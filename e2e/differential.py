@@ -34,6 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e import bridge
 from e2e.cluster import wait_until
+from e2e.real_engine import sample_sum
 
 #: vLLM 0.33 differs from the CPU build the tier runs (0.32) here; the simulator follows
 #: 0.33 (reference: vLLM 0.33's nixl connector metadata).
@@ -55,6 +56,10 @@ LABELS_NOT_COMPARED: dict[str, str] = {
 
 #: What vLLM's API server answers to a request that arrives while it shuts down.
 SHUTDOWN = "cannot schedule new futures after shutdown"
+
+#: Where vLLM says a request's prompt tokens came from.
+BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 
 #: A request the decode must load from the prefill, small enough for any engine.
 PROMPT = "the prefill computes and the decode loads 0.5 cache block token request model"
@@ -141,12 +146,8 @@ def from_json(data: Mapping[str, Any]) -> Observation:
 
 
 def _by_source(client: httpx.Client, url: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(client.get(f"{url}/metrics").text):
-        for s in family.samples:
-            if s.name == "vllm:prompt_tokens_by_source_total":
-                out[s.labels["source"]] = out.get(s.labels["source"], 0.0) + s.value
-    return out
+    text = client.get(f"{url}/metrics").text
+    return {source: sample_sum(text, BY_SOURCE, source=source) for source in SOURCES}
 
 
 def _prefill(client: httpx.Client, prefill: str, model: str) -> dict[str, Any]:
@@ -374,10 +375,4 @@ def _status(
 
 
 def _running(url: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=5).text
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "vllm:num_requests_running"
-    )
+    return sample_sum(httpx.get(f"{url}/metrics", timeout=5).text, "vllm:num_requests_running")

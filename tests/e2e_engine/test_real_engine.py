@@ -21,7 +21,9 @@ import pytest
 
 from e2e.closed_loop import Load, Shape
 from e2e.cluster import wait_until
+from e2e.differential import BY_SOURCE
 from e2e.drain_scenario import Service, router_error_counters, wait_settled
+from e2e.fleet import condition
 from e2e.prometheus import Prometheus
 from e2e.real_engine import (
     EXACT_LENGTH,
@@ -39,7 +41,6 @@ from pdfleet.autoscale.metrics import PrometheusSource
 pytestmark = pytest.mark.timeout(1200)
 
 PREFILL, DECODE = labels.ROLE_PREFILL, labels.ROLE_DECODE
-BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 
 
 def prompt(rng: random.Random, words: int) -> str:
@@ -146,8 +147,7 @@ def _status(service: Service) -> dict[str, Any]:
 
 
 def _condition(service: Service, type_: str) -> dict[str, Any]:
-    conditions = _status(service).get("conditions") or ()
-    return next((c for c in conditions if c["type"] == type_), {})
+    return condition(_status(service), type_) or {}
 
 
 #: The signals the policy reads for each role (autoscale/policy.py).
