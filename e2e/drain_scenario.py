@@ -522,11 +522,19 @@ def operated_namespace(
                 yield Operated(namespace, bridge)
             finally:
                 operator.stop()
+                # The bridge finalizes the pods (preStop, stop, delete) while it still runs; each
+                # may take its whole grace period.
+                grace = _longest_grace_period_s(core.list_namespaced_pod(namespace).items)
                 core.delete_namespace(namespace)
-                # The bridge finalizes the pods (preStop, stop, delete) while it still runs.
-                wait_until(lambda: not core.list_namespaced_pod(namespace).items, 120, "pods gone")
+                wait_until(
+                    lambda: not core.list_namespaced_pod(namespace).items, 60 + grace, "pods gone"
+                )
     finally:
         operator.stop()
+
+
+def _longest_grace_period_s(pods: list[Any]) -> int:
+    return max((p.spec.termination_grace_period_seconds or 30 for p in pods), default=0)
 
 
 @contextlib.contextmanager

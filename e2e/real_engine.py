@@ -72,6 +72,9 @@ def service_manifest(
             "engine": {"image": IMAGE},
             "kvTransfer": {
                 "bufferDevice": "cpu",
+                # Two CPU engines share two cores: a decode can take longer than vLLM's 30 s
+                # default to start a request whose KV a prefill holds for it.
+                "leaseSeconds": 300,
                 "fabric": {"ucx": {"tls": "tcp", "netDevices": "lo"}},
                 "preflight": {"promptTokens": 512, "iterations": 3, "geometry": GEOMETRY},
             },

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 from typing import Any
@@ -145,6 +146,21 @@ def test_workers_serve_render_when_the_router_asks_for_it(
         }
         argv = build_vllm_command({**env, "PDFLEET_POD_IP": "10.244.1.7"})
         assert ("--enable-scale-out" in argv) is scale_out, role
+
+
+@pytest.mark.parametrize(("lease", "expected"), [(None, None), (120, 120)])
+def test_kv_lease_reaches_both_pools_connector_config(
+    lease: int | None, expected: int | None
+) -> None:
+    kv = {} if lease is None else {"leaseSeconds": lease}
+    isvc = _service("minimal", {"spec": {"kvTransfer": kv}})
+    for role in ("prefill", "decode"):
+        env = {
+            e["name"]: e["value"] for e in _worker(isvc, role)["container"]["env"] if "value" in e
+        }
+        argv = build_vllm_command({**env, "PDFLEET_POD_IP": "10.244.1.7"})
+        ktc = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+        assert ktc["kv_connector_extra_config"].get("kv_lease_duration") == expected, role
 
 
 def test_router_discovers_both_pools_in_its_namespace() -> None:

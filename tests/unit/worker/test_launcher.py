@@ -75,6 +75,10 @@ def test_flags(extra: dict[str, str], flag: str, value: str) -> None:
             {"PDFLEET_KV_BACKENDS": "UCX, LIBFABRIC"},
             {"kv_connector_extra_config": {"backends": ["UCX", "LIBFABRIC"]}},
         ),
+        (
+            {"PDFLEET_KV_LEASE_SECONDS": "120"},
+            {"kv_connector_extra_config": {"backends": ["UCX"], "kv_lease_duration": 120}},
+        ),
         ({"PDFLEET_KV_BUFFER_DEVICE": "cpu"}, {"kv_buffer_device": "cpu"}),
         ({"PDFLEET_KV_LOAD_FAILURE_POLICY": "recompute"}, {"kv_load_failure_policy": "recompute"}),
         ({"PDFLEET_KV_CONNECTOR": "NixlPushConnector"}, {"kv_connector": "NixlPushConnector"}),

@@ -48,6 +48,7 @@ class LaunchConfig:
     sim_preset: str | None
     sim_time_scale: float | None
     enable_scale_out: bool = False
+    kv_lease_seconds: int | None = None
 
 
 def _int(env: Mapping[str, str], key: str, default: int, minimum: int = 0) -> int:
@@ -125,6 +126,7 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         kv_backends=backends or ("UCX",),
         kv_buffer_device=_opt(env, "PDFLEET_KV_BUFFER_DEVICE"),
         kv_load_failure_policy=policy,
+        kv_lease_seconds=_int(env, "PDFLEET_KV_LEASE_SECONDS", 0, 1) or None,
         shutdown_timeout=_int(env, "PDFLEET_SHUTDOWN_TIMEOUT", 60),
         block_size=_int(env, "PDFLEET_BLOCK_SIZE", 0) or None,
         max_model_len=_int(env, "PDFLEET_MAX_MODEL_LEN", 0) or None,
@@ -140,11 +142,14 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
 def kv_transfer_config(cfg: LaunchConfig) -> dict[str, object] | None:
     if cfg.kv_connector is None:
         return None
+    extra: dict[str, object] = {"backends": list(cfg.kv_backends)}
+    if cfg.kv_lease_seconds is not None:
+        extra["kv_lease_duration"] = cfg.kv_lease_seconds
     out: dict[str, object] = {
         "kv_connector": cfg.kv_connector,
         "kv_role": cfg.kv_role,
         "kv_load_failure_policy": cfg.kv_load_failure_policy,
-        "kv_connector_extra_config": {"backends": list(cfg.kv_backends)},
+        "kv_connector_extra_config": extra,
     }
     if cfg.kv_buffer_device:
         out["kv_buffer_device"] = cfg.kv_buffer_device

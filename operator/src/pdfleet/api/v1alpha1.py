@@ -307,6 +307,14 @@ class KVTransferSpec(ApiModel):
         description="What decode does when it cannot load the KV cache: fail the request "
         "(retryable 500) or recompute the prompt locally.",
     )
+    lease_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=3600,
+        description="How long a prefill keeps KV that no decode has read before it frees the "
+        "blocks (kv_connector_extra_config.kv_lease_duration); unset keeps vLLM's default "
+        "(30 s). Raise it where decodes can take longer than that to start a request.",
+    )
     side_channel_port: PortNumber = Field(
         5600,
         description="Base NIXL side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT); data-parallel "

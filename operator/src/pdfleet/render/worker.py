@@ -91,6 +91,8 @@ def worker_env(isvc: InferenceService, role: str, config: RenderConfig) -> list[
         # The router's cache-aware policy asks every worker for /render on each request, and
         # vLLM answers 403 unless its scale-out endpoints are on.
         agent["PDFLEET_ENABLE_SCALE_OUT"] = "true"
+    if kv.lease_seconds is not None:
+        agent["PDFLEET_KV_LEASE_SECONDS"] = str(kv.lease_seconds)
     if kv.preflight.enabled:
         # The agent starts the KV transport preflight listener beside the engine.
         agent["PDFLEET_PREFLIGHT_PORT"] = str(kv.preflight.port)
