@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor, Future
 from typing import Any
 
 
@@ -31,3 +32,15 @@ class Writer:
         self, involved: Mapping[str, Any], reason: str, message: str, type_: str = ""
     ) -> None:
         self.calls.append(("event", reason))
+
+
+class Inline(Executor):
+    """Runs each submitted call at once, so a pass finds its run finished."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as err:
+            future.set_exception(err)
+        return future

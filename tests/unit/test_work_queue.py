@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import Callable
 
 import pytest
 from kubernetes.client.exceptions import ApiException
@@ -102,6 +103,45 @@ async def test_a_key_queued_again_after_its_run_runs_again() -> None:
     finally:
         await queue.stop()
     assert ran == [("ns", "a"), ("ns", "a")]
+
+
+async def _until(condition: Callable[[], bool], what: str) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_a_service_is_in_one_workers_hands_and_the_others_go_on() -> None:
+    """A pass stuck on a slow dependency keeps one worker, not every worker its events and
+    timers ask for; what was asked meanwhile runs once, after it."""
+    release = threading.Event()
+    ran: list[Key] = []
+
+    def run(key: Key) -> None:
+        ran.append(key)
+        if key == ("ns", "stuck") and ran.count(key) == 1:
+            release.wait(10)
+
+    queue = WorkQueue(run=run, workers=4)
+    queue.start()
+    try:
+        queue.put(("ns", "stuck"))
+        await _until(lambda: ("ns", "stuck") in ran, "the stuck pass")
+        for i in range(10):
+            queue.put(("ns", "stuck"), RESYNC if i % 2 else URGENT)
+            queue.put(("ns", f"other-{i}"))
+            await asyncio.sleep(0.01)
+        await _until(lambda: len(ran) == 11, "the other services' passes")
+        assert ran.count(("ns", "stuck")) == 1
+        release.set()
+        await _until(lambda: ran.count(("ns", "stuck")) == 2, "the pass asked meanwhile")
+        await asyncio.sleep(0.1)
+    finally:
+        release.set()
+        await queue.stop()
+    assert ran.count(("ns", "stuck")) == 2
 
 
 def _api_error(status: int, headers: dict[str, str] | None = None) -> ApiException:

@@ -337,7 +337,7 @@ class Controller:
             previous = self._autoscale(body, isvc, observed, previous, now)
             # When the next step is due, not a full interval after this pass: the latest pass's
             # come-back replaces the one before (handlers.WorkQueue.come_back).
-            autoscale_after = self.autoscaler.due_in_s(isvc) or None
+            autoscale_after = self.autoscaler.come_back_s(isvc)
         applied, requeue = self._drain(body, isvc, observed, desired_replicas(isvc, previous))
         replicas, child_plan = plan(isvc, observed, previous, self.config, applied, self._rendered)
         for key in child_plan.delete:
@@ -420,6 +420,8 @@ class Controller:
         # The policy steps from the last decision (a pool being drained is already smaller).
         current = desired_replicas(isvc, status)
         outcome = self.autoscaler.step(isvc, observed, current, status, now)
+        if outcome is None:  # its Prometheus read is in flight: a later pass decides
+            return status
         for role, count in outcome.desired.items():
             status[role] = {**(status.get(role) or {}), "desired": count}
         status["autoscaler"] = outcome.autoscaler

@@ -76,6 +76,12 @@ class WorkQueue:
     _queued_at: dict[Key, float] = field(default_factory=dict)
     _seq: int = 0
     _later: dict[Key, asyncio.TimerHandle] = field(default_factory=dict)
+    # Keys whose pass is running, and the priority each was asked for again meanwhile. A
+    # service is in one worker's hands at a time: a pass held up by a slow dependency must
+    # not draw the other workers into waiting on the same service (client-go's workqueue
+    # keeps its "processing" and "dirty" sets for the same reason).
+    _running: set[Key] = field(default_factory=set)
+    _asked_while_running: dict[Key, int] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _threads: ThreadPoolExecutor | None = None
 
@@ -89,14 +95,28 @@ class WorkQueue:
         self._queue.put_nowait((priority, self._seq, key))
 
     def next_key(self, entry: tuple[int, int, Key]) -> Key | None:
-        """The key to run for a dequeued entry; None for the stale copy of a promoted key."""
+        """The key to run for a dequeued entry, now marked running; None for the stale copy
+        of a promoted key, or for a key whose pass is running (it runs again after that)."""
         priority, _, key = entry
         if self._queued.get(key) != priority:
             return None
         del self._queued[key]
-        waited = time.monotonic() - self._queued_at.pop(key)
+        queued_at = self._queued_at.pop(key)
+        if key in self._running:
+            asked = self._asked_while_running.get(key, priority)
+            self._asked_while_running[key] = min(asked, priority)
+            return None
+        self._running.add(key)
+        waited = time.monotonic() - queued_at
         metrics.QUEUE_WAIT.labels(priority=PRIORITY_NAMES[priority]).observe(waited)
         return key
+
+    def done(self, key: Key) -> None:
+        """The pass of `key` ended: queue it again if it was asked for meanwhile."""
+        self._running.discard(key)
+        asked = self._asked_while_running.pop(key, None)
+        if asked is not None:
+            self.put(key, asked)
 
     def come_back(self, key: Key, delay_s: float | None) -> None:
         """What the latest pass of `key` asked: a pass in `delay_s` (None: none). It replaces
@@ -149,6 +169,8 @@ class WorkQueue:
                 else:
                     log.exception("reconcile of %s/%s failed; retrying in %.0fs", *key, delay)
                 self.come_back(key, delay)
+            finally:
+                self.done(key)
 
 
 RETRY_S = 5.0

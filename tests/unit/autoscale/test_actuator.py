@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -10,7 +12,15 @@ from typing import Any
 import pytest
 
 from pdfleet.api.v1alpha1 import InferenceService
-from pdfleet.autoscale.actuator import Autoscaler, decision_reason, describe, policy_config
+from pdfleet.autoscale.actuator import (
+    READ_DEADLINE_S,
+    READ_POLL_S,
+    Autoscaler,
+    WindowReads,
+    decision_reason,
+    describe,
+    policy_config,
+)
 from pdfleet.autoscale.attainment import Buckets
 from pdfleet.autoscale.policy import (
     Capacity,
@@ -25,7 +35,7 @@ from pdfleet.reconcile.observed import Observed, PodInfo, observed_from
 from pdfleet.reconcile.plan import desired_replicas, with_hash
 from pdfleet.render import render_children
 from tests.spec_cases import merge_patch, sample
-from tests.unit.fakes import Writer
+from tests.unit.fakes import Inline, Writer
 from tests.unit.operator_metrics import counted, labels, samples, value
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -163,7 +173,11 @@ def test_describe() -> None:
 
 def _controller(source: Source, clock: list[float]) -> tuple[Controller, Writer]:
     writer = Writer()
-    autoscaler = Autoscaler(source_for=lambda url: source, clock_s=lambda: clock[0])
+    autoscaler = Autoscaler(
+        source_for=lambda url: source,
+        clock_s=lambda: clock[0],
+        reads=WindowReads(executor_for=lambda url: Inline()),
+    )
     return Controller(writer, clock=lambda: NOW, autoscaler=autoscaler), writer  # type: ignore[arg-type]
 
 
@@ -339,3 +353,108 @@ def test_a_deleted_service_leaves_no_series_behind() -> None:
         "pdfleet_service_condition",
     ):
         assert not [key for key in samples(name) if labels(**SERVICE) <= key], name
+
+
+class Held(Executor):
+    """Runs submitted reads only when released: a Prometheus that has not answered yet."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Future[Any], Callable[[], Any]]] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        self.pending.append((future, lambda: fn(*args, **kwargs)))
+        return future
+
+    def release(self) -> None:
+        for future, call in self.pending:
+            future.set_result(call())
+        self.pending.clear()
+
+
+def _held_controller(source: Source, clock: list[float]) -> tuple[Controller, Writer, Held]:
+    held, writer = Held(), Writer()
+    autoscaler = Autoscaler(
+        source_for=lambda url: source,
+        clock_s=lambda: clock[0],
+        reads=WindowReads(executor_for=lambda url: held),
+    )
+    controller = Controller(writer, clock=lambda: NOW, autoscaler=autoscaler)  # type: ignore[arg-type]
+    return controller, writer, held
+
+
+def _metrics_condition(writer: Writer) -> dict[str, Any]:
+    return next(c for c in writer.last_status["conditions"] if c["type"] == "MetricsAvailable")
+
+
+def test_a_pass_does_not_wait_for_prometheus_a_later_pass_decides() -> None:
+    source = Source(_metrics(3.0, 0.01, prompt_rate=40_000), _metrics(3.0, 0.01))
+    clock = [1000.0]
+    controller, writer, held = _held_controller(source, clock)
+    result = controller.reconcile(_body(), _observed(_isvc()))
+    assert len(held.pending) == 1 and source.calls == 0
+    assert result.requeue_after_s == READ_POLL_S  # come back for the answer
+    clock[0] += 0.5
+    controller.reconcile(_body(), _observed(_isvc()))
+    assert len(held.pending) == 1  # never a second read of one service at once
+    held.release()
+    clock[0] += 0.5
+    result = controller.reconcile(_body(), _observed(_isvc()))
+    assert writer.last_status["prefill"]["desired"] > 1
+    assert result.requeue_after_s == pytest.approx(15.0)
+
+
+def test_a_prometheus_that_never_answers_holds_the_service_and_says_so() -> None:
+    source = Source(_metrics(0.2, 0.01), _metrics(0.2, 0.01))
+    clock = [1000.0]
+    controller, writer, held = _held_controller(source, clock)
+    controller.reconcile(_body(), _observed(_isvc()))
+    clock[0] += READ_DEADLINE_S
+    controller.reconcile(_body(), _observed(_isvc()))
+    condition = _metrics_condition(writer)
+    assert condition["status"] == "False"
+    assert "http://prom:9090 did not answer within 10s" in condition["message"]
+    assert writer.last_status["slo"]["ttft"] == "n/a/1s"
+    # The next step: the first read still holds its thread, so no second one starts.
+    clock[0] += 15.0
+    controller.reconcile(_body(), _observed(_isvc()))
+    assert len(held.pending) == 1
+    assert _metrics_condition(writer)["status"] == "False"
+    # It answers at last: that answer is old, the next step reads again.
+    held.release()
+    clock[0] += 15.0
+    controller.reconcile(_body(), _observed(_isvc()))
+    assert len(held.pending) == 1 and source.calls == 1
+    held.release()
+    clock[0] += 0.5
+    controller.reconcile(_body(), _observed(_isvc()))
+    assert _metrics_condition(writer)["status"] == "True"
+
+
+def test_metrics_unavailable_is_an_event_on_the_transition_not_every_decision() -> None:
+    source, clock = Source(None, None), [1000.0]
+    controller, writer = _controller(source, clock)
+    for _ in range(4):
+        controller.reconcile(_body(), _observed(_isvc()))
+        clock[0] += 15.0
+    assert writer.calls.count(("event", "MetricsUnavailable")) == 1
+    message = _metrics_condition(writer)["message"]
+    assert "no series for the prefill and decode pods" in message
+    source.prefill, source.decode = _metrics(0.2, 0.01), _metrics(0.2, 0.01)
+    controller.reconcile(_body(), _observed(_isvc()))
+    assert writer.calls.count(("event", "MetricsAvailable")) == 1
+    assert _metrics_condition(writer)["status"] == "True"
+
+
+def test_a_stale_window_is_not_shown_as_the_measured_latency() -> None:
+    class Stale(Source):
+        def window(self, *args: Any) -> MetricsWindow:
+            return replace(super().window(*args), at_s=0.0)  # an hour-old evaluation
+
+    source, clock = Stale(_metrics(3.0, 0.01), _metrics(3.0, 0.01)), [3600.0]
+    controller, writer = _controller(source, clock)
+    controller.reconcile(_body(), _observed(_isvc()))
+    assert writer.last_status["slo"]["ttft"] == "n/a/1s"
+    assert "ttftSeconds" not in writer.last_status["slo"]
+    condition = _metrics_condition(writer)
+    assert condition["reason"] == "MetricsStale" and "3600s old" in condition["message"]

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,7 +18,7 @@ from pdfleet.preflight import plan
 from pdfleet.reconcile.observed import Observed, PodInfo
 from pdfleet_worker.preflight.plan import PreflightResult, failed
 from tests.spec_cases import merge_patch, sample
-from tests.unit.fakes import Writer
+from tests.unit.fakes import Inline, Writer
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 PODS = Observed(
@@ -52,18 +51,6 @@ class Runs:
     def __call__(self, url: str, body: dict[str, Any], timeout_s: float) -> PreflightResult:
         self.calls.append((url, body))
         return self.result
-
-
-class Inline(Executor):
-    """Runs each submitted call at once, so a pass finds its run finished."""
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        future: Future[Any] = Future()
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except Exception as err:
-            future.set_exception(err)
-        return future
 
 
 def _controller(writer: Writer) -> Controller:

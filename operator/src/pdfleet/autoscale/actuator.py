@@ -1,7 +1,10 @@
 """The operator side of autoscaling: spec -> PolicyConfig, Prometheus -> decision -> status.
 
 Where it fits: the controller calls `Autoscaler.step()` inside a reconcile pass of a service
-with autoscaling enabled, once per `spec.autoscaling.interval`. The decision lands in status
+with autoscaling enabled, once per `spec.autoscaling.interval`. The step's Prometheus reads run
+beside the passes, on threads of that Prometheus URL (`WindowReads`): a pass starts a read
+and a later pass decides with its answer, so a Prometheus that never answers holds up no
+pass, and costs the services that use it, not the others. The decision lands in status
 (`status.<role>.desired`, `status.autoscaler`, `status.slo`, the `MetricsAvailable` condition)
 and, through the same pass, in the StatefulSets (scale-down through the drain path). The spec
 is never written. The policy's memory (recent decisions, the learned capacity) lives here, per
@@ -15,6 +18,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -154,6 +158,29 @@ class Outcome:
     """Per pool, the decision's reason for the decisions counter (`decision_reason`)."""
 
 
+def metrics_message(
+    reason: str, window: MetricsWindow | None, now_s: float, config: PolicyConfig
+) -> str:
+    """What a user can act on when the window cannot be trusted: the read's own error, the
+    roles without series, the age of a stale answer."""
+    if window is not None and window.problem:
+        return window.problem
+    if reason == "MetricsMissing":
+        missing = [r for r in labels.WORKER_ROLES if window is None or getattr(window, r) is None]
+        return (
+            f"Prometheus has no series for the {' and '.join(missing)} pods: are they "
+            "scraped (docs/monitoring.md)?"
+        )
+    if reason == "MetricsStale" and window is not None:
+        return (
+            f"the newest answer is {format_duration(now_s - window.at_s)} old "
+            f"(limit {format_duration(config.metrics_max_age_s)}): is Prometheus evaluating?"
+        )
+    if reason == "MetricsNaN":
+        return "a signal is NaN, infinite or negative: check the scrape of the worker pods"
+    return reason
+
+
 def outcome_of(
     decision: Decision,
     before: Mapping[str, int],
@@ -161,8 +188,16 @@ def outcome_of(
     config: PolicyConfig,
     previous: Mapping[str, Any],
     now: datetime,
+    now_s: float = math.nan,
+    previous_condition: Mapping[str, Any] | None = None,
 ) -> Outcome:
-    """Pure: turn a policy decision into status fields and Events."""
+    """Pure: turn a policy decision into status fields and Events.
+
+    Figures from a window that cannot be trusted (stale, missing) are not shown as measured.
+    MetricsUnavailable is an Event when metrics become unavailable or the reason changes,
+    not on every decision while they stay so."""
+    available = next((c for c in decision.conditions if c.type == METRICS_AVAILABLE), None)
+    usable = available is None or available.status == "True"
     desired = {labels.ROLE_PREFILL: decision.prefill, labels.ROLE_DECODE: decision.decode}
     reason = "; ".join(decision.reasons) or "steady"
     autoscaler = {**dict(previous), "lastDecision": describe(before, desired), "reason": reason,
@@ -174,44 +209,106 @@ def outcome_of(
         autoscaler["lastScaleDownTime"] = _stamp(now)
     if desired != dict(before):
         events.append(("Normal", "Autoscaled", f"{describe(before, desired)}: {reason}"))
-    ttft = window.prefill.ttft_s if window and window.prefill else math.nan
-    itl = window.decode.itl_s if window and window.decode else math.nan
+    shown = window if usable else None
+    ttft = shown.prefill.ttft_s if shown and shown.prefill else math.nan
+    itl = shown.decode.itl_s if shown and shown.decode else math.nan
     slo: dict[str, Any] = {
         "ttft": _measured(ttft, config.ttft_target_s),
         "itl": _measured(itl, config.itl_target_s),
-        "window": format_duration(window.window_s) if window else "",
+        "window": format_duration(shown.window_s) if shown else "",
     }
     if not math.isnan(ttft):
         slo["ttftSeconds"] = round(ttft, 4)
     if not math.isnan(itl):
         slo["itlSeconds"] = round(itl, 4)
     attainment = slo_attainment(
-        window.ttft_buckets if window else (),
-        window.tpot_buckets if window else (),
+        shown.ttft_buckets if shown else (),
+        shown.tpot_buckets if shown else (),
         config.ttft_target_s,
         config.itl_target_s,
     )
     if not math.isnan(attainment["both"]):
         slo["attainment"] = round(attainment["both"], 4)
-    available = next((c for c in decision.conditions if c.type == METRICS_AVAILABLE), None)
-    condition = {
-        "type": METRICS_AVAILABLE,
-        "status": "True",
-        "reason": "MetricsFresh",
-        "message": "",
-    }
-    if available is not None:
+    condition = {"type": METRICS_AVAILABLE, "status": "True", "reason": "MetricsFresh",
+                 "message": "the latency and load signals are fresh"}  # fmt: skip
+    if available is not None and not usable:
+        message = available.message or metrics_message(available.reason, window, now_s, config)
         condition = {"type": METRICS_AVAILABLE, "status": available.status,
-                     "reason": available.reason, "message": available.message}  # fmt: skip
-    if condition["status"] != "True":
+                     "reason": available.reason, "message": message}  # fmt: skip
+    was = previous_condition or {}
+    if condition["status"] != "True" and (
+        was.get("status") != condition["status"] or was.get("reason") != condition["reason"]
+    ):
         events.append(
-            ("Warning", "MetricsUnavailable", condition["message"] or condition["reason"])
+            ("Warning", "MetricsUnavailable", f"{condition['reason']}: {condition['message']}")
         )
+    elif condition["status"] == "True" and was.get("status") == "False":
+        events.append(("Normal", "MetricsAvailable", condition["message"]))
     reasons = {
         labels.ROLE_PREFILL: decision_reason(decision, ttft, config.ttft_target_s),
         labels.ROLE_DECODE: decision_reason(decision, itl, config.itl_target_s),
     }
     return Outcome(desired, autoscaler, slo, condition, tuple(events), attainment, reasons)
+
+
+# A window read that takes longer than this is given up: the step holds and says so. Each
+# query has its own timeout; this bounds the read as a whole (a Prometheus that answers
+# byte by byte, or whose threads are all taken by reads of other services).
+READ_DEADLINE_S = 10.0
+# How soon a pass looks again at a read it left in flight.
+READ_POLL_S = 0.5
+# Window reads of one Prometheus at once: a slow one queues the reads of the services that
+# use it, never those of another Prometheus.
+READS_PER_PROMETHEUS = 2
+
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class _Read:
+    started_s: float
+    result: Future[MetricsWindow]
+
+
+class WindowReads:
+    """Metrics window reads beside the reconcile passes: at most one in flight per service,
+    run on threads of the service's Prometheus URL (`READS_PER_PROMETHEUS`)."""
+
+    def __init__(self, executor_for: Callable[[str], Executor] | None = None) -> None:
+        self._executor_for = executor_for or self._threads_for
+        self._executors: dict[str, Executor] = {}
+        self._reads: dict[Key, _Read] = {}
+        self._lock = threading.Lock()
+
+    def _threads_for(self, url: str) -> Executor:
+        with self._lock:
+            if url not in self._executors:
+                self._executors[url] = ThreadPoolExecutor(
+                    max_workers=READS_PER_PROMETHEUS, thread_name_prefix="prometheus"
+                )
+            return self._executors[url]
+
+    def get(self, key: Key) -> _Read | None:
+        with self._lock:
+            return self._reads.get(key)
+
+    def start(self, key: Key, url: str, read: Callable[[], MetricsWindow], now_s: float) -> _Read:
+        started = _Read(now_s, self._executor_for(url).submit(read))
+        with self._lock:
+            self._reads[key] = started
+        return started
+
+    def forget(self, key: Key) -> None:
+        with self._lock:
+            self._reads.pop(key, None)
+
+
+def _answer(read: _Read, url: str) -> MetricsWindow | str:
+    """The window a finished read got, or what went wrong."""
+    try:
+        return read.result.result()
+    except Exception as error:  # a source's own failure is a missing window, never a crash
+        return f"reading Prometheus {url} failed: {type(error).__name__}: {error}"
 
 
 @dataclass
@@ -221,8 +318,10 @@ class Autoscaler:
     source_for: Callable[[str], MetricsSource]
     """A metrics source for a Prometheus URL."""
     clock_s: Callable[[], float]
-    _history: dict[tuple[str, str], tuple[Decision, ...]] = field(default_factory=dict)
-    _last_run: dict[tuple[str, str], float] = field(default_factory=dict)
+    reads: WindowReads = field(default_factory=WindowReads)
+    read_deadline_s: float = READ_DEADLINE_S
+    _history: dict[Key, tuple[Decision, ...]] = field(default_factory=dict)
+    _last_run: dict[Key, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def due_in_s(self, isvc: InferenceService) -> float:
@@ -236,10 +335,52 @@ class Autoscaler:
     def due(self, isvc: InferenceService) -> bool:
         return self.due_in_s(isvc) <= 0.0
 
+    def come_back_s(self, isvc: InferenceService) -> float | None:
+        """When the service's next pass should come: soon while its read is in flight, else
+        when the next step is due (None: it is due now, the pass already ran it)."""
+        read = self.reads.get((str(isvc.metadata.namespace), str(isvc.metadata.name)))
+        if read is not None and not read.result.done() and self.due(isvc):
+            return READ_POLL_S
+        return self.due_in_s(isvc) or None
+
     def forget(self, namespace: str, name: str) -> None:
+        self.reads.forget((namespace, name))
         with self._lock:
             self._history.pop((namespace, name), None)
             self._last_run.pop((namespace, name), None)
+
+    def _window(
+        self, isvc: InferenceService, percentile: float, now_s: float
+    ) -> MetricsWindow | str | None:
+        """The window to decide with, what went wrong instead, or None while the read that
+        will give it is in flight. A read started before the last decision is stale: it is
+        waited for (never two reads of one service at once) and then read again."""
+        namespace, name = str(isvc.metadata.namespace), str(isvc.metadata.name)
+        key = (namespace, name)
+        assert isvc.spec.slo is not None and isvc.spec.autoscaling.prometheus is not None
+        url = isvc.spec.autoscaling.prometheus.url
+        with self._lock:
+            last = self._last_run.get(key, -math.inf)
+        read = self.reads.get(key)
+        if read is not None and read.started_s < last and read.result.done():
+            read = None  # answered after the step that gave up on it
+        if read is None:
+            source = self.source_for(url)
+            window_s = parse_duration(isvc.spec.slo.window)
+
+            def window() -> MetricsWindow:
+                return source.window(namespace, name, now_s, percentile, window_s)
+
+            read = self.reads.start(key, url, window, now_s)
+        age_s = now_s - read.started_s
+        if read.result.done():
+            self.reads.forget(key)
+            return _answer(read, url)
+        if read.started_s < last:
+            return f"Prometheus {url} has not answered a read started {format_duration(age_s)} ago"
+        if age_s < self.read_deadline_s:
+            return None
+        return f"Prometheus {url} did not answer within {format_duration(self.read_deadline_s)}"
 
     def step(
         self,
@@ -248,17 +389,17 @@ class Autoscaler:
         current: Mapping[str, int],
         previous_status: Mapping[str, Any] | None,
         now: datetime,
-    ) -> Outcome:
-        """One decision: read the window, decide, remember, describe."""
+    ) -> Outcome | None:
+        """One decision: read the window, decide, remember, describe. None while the window
+        is being read: a later pass (`come_back_s`) decides."""
         namespace, name = str(isvc.metadata.namespace), str(isvc.metadata.name)
         key = (namespace, name)
         config = policy_config(isvc, measured_kv_transfer_s(previous_status))
-        assert isvc.spec.slo is not None and isvc.spec.autoscaling.prometheus is not None
         now_s = self.clock_s()
-        source = self.source_for(isvc.spec.autoscaling.prometheus.url)
-        window = source.window(
-            namespace, name, now_s, config.percentile, parse_duration(isvc.spec.slo.window)
-        )
+        answer = self._window(isvc, config.percentile, now_s)
+        if answer is None:
+            return None
+        window = answer if isinstance(answer, MetricsWindow) else failed_window(answer, now_s)
         with self._lock:
             history = self._history.get(key, ())
         decision = decide(
@@ -273,7 +414,12 @@ class Autoscaler:
             self._history[key] = trim_history((*history, decision), now_s, config)
             self._last_run[key] = now_s
         previous = (previous_status or {}).get("autoscaler") or {}
-        outcome = outcome_of(decision, current, window, config, previous, now)
+        was = next(
+            (c for c in (previous_status or {}).get("conditions") or ()
+             if c.get("type") == METRICS_AVAILABLE),
+            None,
+        )  # fmt: skip
+        outcome = outcome_of(decision, current, window, config, previous, now, now_s, was)
         log.log(
             logging.INFO if outcome.desired != dict(current) else logging.DEBUG,
             "%s/%s autoscaler: %s (%s)",
@@ -284,6 +430,11 @@ class Autoscaler:
         )
         _export_metrics(namespace, name, current, outcome, config, window)
         return outcome
+
+
+def failed_window(problem: str, now_s: float) -> MetricsWindow:
+    """A window with neither role, carrying why it could not be read."""
+    return MetricsWindow(at_s=now_s, window_s=0.0, prefill=None, decode=None, problem=problem)
 
 
 def _export_metrics(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
 from pdfleet.autoscale.attainment import Buckets
@@ -109,8 +110,14 @@ def to_role_metrics(values: Mapping[str, float | None]) -> RoleMetrics | None:
     )
 
 
+# Queries of one window in flight at once: a window is about twenty queries, and one after
+# the other they took a second or more against a loaded Prometheus.
+QUERIES_AT_ONCE = 4
+
+
 class PrometheusSource:
-    """Reads one InferenceService's window from Prometheus (prometheus-api-client)."""
+    """Reads one InferenceService's window from Prometheus (prometheus-api-client), its
+    queries side by side on threads of its own."""
 
     def __init__(
         self,
@@ -119,6 +126,8 @@ class PrometheusSource:
         disable_ssl: bool = False,
         timeout_s: int = 5,
     ) -> None:
+        self._url = url
+        self._queries = ThreadPoolExecutor(QUERIES_AT_ONCE, thread_name_prefix="promql")
         if client is None:
             from prometheus_api_client import PrometheusConnect
             from urllib3.util.retry import Retry
@@ -145,20 +154,28 @@ class PrometheusSource:
         """Both roles' signals. The window is dated by its oldest answer's evaluation time
         (now_s when nothing answered): an answer computed long ago, by a Prometheus whose
         clock stopped or a cache in front of it, makes the window stale."""
-        roles = {}
         failed: list[Exception] = []
-        times = []
-        for role in ("prefill", "decode"):
-            queries = role_queries(Target(namespace, service, role), percentile, window_s)
-            samples = {k: self._query(q, failed, parse_sample) for k, q in queries.items()}
-            times += [s[1] for s in samples.values() if s is not None and math.isfinite(s[1])]
-            roles[role] = to_role_metrics(
-                {k: None if s is None else s[0] for k, s in samples.items()}
-            )
-        slo = {
-            k: self._query(q, failed, parse_buckets) or ()
+        sampled = {
+            (role, k): self._queries.submit(self._query, q, failed, parse_sample)
+            for role in ("prefill", "decode")
+            for k, q in role_queries(Target(namespace, service, role), percentile, window_s).items()
+        }
+        bucketed = {
+            k: self._queries.submit(self._query, q, failed, parse_buckets)
             for k, q in slo_bucket_queries(namespace, service, window_s).items()
         }
+        samples = {key: future.result() for key, future in sampled.items()}
+        slo = {k: future.result() or () for k, future in bucketed.items()}
+        times = [s[1] for s in samples.values() if s is not None and math.isfinite(s[1])]
+        roles = {
+            role: to_role_metrics(
+                {k: None if s is None else s[0] for (r, k), s in samples.items() if r == role}
+            )
+            for role in ("prefill", "decode")
+        }
+        problem = ""
+        if failed:
+            problem = f"Prometheus {self._url}: {type(failed[0]).__name__}: {failed[0]}"
         return MetricsWindow(
             at_s=min(times, default=now_s),
             window_s=window_s,
@@ -166,4 +183,5 @@ class PrometheusSource:
             decode=roles["decode"],
             ttft_buckets=slo["ttft_buckets"],
             tpot_buckets=slo["tpot_buckets"],
+            problem=problem[:1000],
         )

@@ -151,6 +151,8 @@ class MetricsWindow:
     # policy. Empty when unknown.
     ttft_buckets: Buckets = ()
     tpot_buckets: Buckets = ()
+    # What went wrong reading the window ("" when nothing did): the condition's message.
+    problem: str = ""
 
 
 @dataclass(frozen=True)
