@@ -13,6 +13,7 @@ import yaml
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SAMPLES_DIR = ROOT / "crds" / "samples"
 CASES_FILE = ROOT / "tests" / "cases" / "invalid_specs.yaml"
+HOSTILE_FILE = ROOT / "tests" / "cases" / "hostile_specs.yaml"
 
 
 def sample(name: str) -> dict[str, Any]:
@@ -49,11 +50,14 @@ class InvalidCase:
     obj: dict[str, Any]
     field: str
     strict: bool
+    message: str = ""
+    """A part of the refusal's text, where the case says what it must be."""
 
 
-def invalid_cases() -> list[InvalidCase]:
+def invalid_cases(path: pathlib.Path = CASES_FILE) -> list[InvalidCase]:
     cases = []
-    for raw in yaml.safe_load(CASES_FILE.read_text()):
+    for raw in yaml.safe_load(path.read_text()):
         obj = merge_patch(sample(raw.get("base", "minimal")), raw["patch"])
-        cases.append(InvalidCase(raw["id"], obj, raw["field"], bool(raw.get("strict"))))
+        strict = bool(raw.get("strict"))
+        cases.append(InvalidCase(raw["id"], obj, raw["field"], strict, raw.get("message", "")))
     return cases

@@ -18,10 +18,24 @@ def custom(api: Any) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api)
 
 
-def create_isvc(api: Any, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
+def create_isvc(
+    api: Any,
+    namespace: str,
+    obj: dict[str, Any],
+    dry_run: bool = False,
+    field_validation: str | None = None,
+) -> dict[str, Any]:
+    """Create `obj` in `namespace`; `dry_run`: admission only. `field_validation="Strict"`
+    refuses unknown fields (what kubectl apply asks for)."""
     obj = {**obj, "metadata": {**obj["metadata"], "namespace": namespace}}
     created: dict[str, Any] = custom(api).create_namespaced_custom_object(
-        labels.GROUP, labels.VERSION, namespace, labels.PLURAL, obj
+        labels.GROUP,
+        labels.VERSION,
+        namespace,
+        labels.PLURAL,
+        obj,
+        dry_run="All" if dry_run else None,
+        field_validation=field_validation,
     )
     return created
 

@@ -10,26 +10,17 @@ import json
 from typing import Any
 
 import pytest
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from pdfleet import labels
+from tests.integration.kube_helpers import create_isvc
 from tests.spec_cases import InvalidCase, invalid_cases, normalize_path, sample, sample_names
 
 CASES = invalid_cases()
 
 
 def _create(api_client: Any, namespace: str, obj: dict[str, Any], strict: bool = True) -> Any:
-    obj = {**obj, "metadata": {**obj["metadata"], "namespace": namespace}}
-    return client.CustomObjectsApi(api_client).create_namespaced_custom_object(
-        labels.GROUP,
-        labels.VERSION,
-        namespace,
-        labels.PLURAL,
-        obj,
-        dry_run="All",
-        field_validation="Strict" if strict else "Ignore",
-    )
+    validation = "Strict" if strict else "Ignore"
+    return create_isvc(api_client, namespace, obj, dry_run=True, field_validation=validation)
 
 
 @pytest.mark.parametrize("name", sample_names())

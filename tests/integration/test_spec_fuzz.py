@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from e2e.cluster import Cluster
 from e2e.operator_process import OperatorProcess
 from pdfleet import labels
-from tests.integration.kube_helpers import condition, get_isvc, wait_for
+from tests.integration.kube_helpers import condition, create_isvc, get_isvc, wait_for
 from tests.spec_cases import normalize_path
 from tests.spec_strategies import oracle, specs
 
@@ -55,17 +55,8 @@ class Tally:
 
 
 def create(api: Any, namespace: str, obj: dict[str, Any], dry_run: bool) -> dict[str, Any]:
-    obj = {**obj, "metadata": {**obj["metadata"], "namespace": namespace}}
-    created: dict[str, Any] = client.CustomObjectsApi(api).create_namespaced_custom_object(
-        labels.GROUP,
-        labels.VERSION,
-        namespace,
-        labels.PLURAL,
-        obj,
-        dry_run="All" if dry_run else None,
-        field_validation="Strict",  # what kubectl apply uses: unknown fields are refused
-    )
-    return created
+    # Strict: what kubectl apply uses, unknown fields are refused
+    return create_isvc(api, namespace, obj, dry_run=dry_run, field_validation="Strict")
 
 
 def refusal_names(body: dict[str, Any], paths: list[str]) -> bool:

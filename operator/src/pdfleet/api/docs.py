@@ -52,6 +52,14 @@ def _constraints(node: dict[str, Any]) -> str:
     ):
         if key in node:
             parts.append(f"{label} {node[key]}")
+    # Rules on a value (a duration's range, an argument), not on an object: those are listed
+    # under the object's own table.
+    items: dict[str, Any] = node["items"] if isinstance(node.get("items"), dict) else {}
+    for target, prefix in ((node, ""), (items, "each item: ")):
+        if not target.get("properties"):
+            parts += [
+                prefix + rule["message"] for rule in target.get("x-kubernetes-validations", [])
+            ]
     return "; ".join(parts)
 
 

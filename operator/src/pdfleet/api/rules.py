@@ -3,7 +3,8 @@
 Each rule carries its CEL expression (emitted into the CRD as an `x-kubernetes-validations`
 entry, so the API server refuses a bad spec at admission) and the same predicate in Python (so
 `pdfleet render`, the unit tests and the operator refuse it with the same message). The
-invalid-spec cases in tests/cases/ replay against both.
+invalid-spec cases in tests/cases/ replay against both. A `Rule` is on an object; a
+`ValueRule` (in `Checked`) is on one value, such as a duration's range or an argument.
 """
 
 from __future__ import annotations
@@ -12,9 +13,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    ValidationError,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
-from pydantic_core import PydanticCustomError
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 RULE_ERROR = "cel_rule"
 
@@ -40,6 +49,62 @@ class Rule:
         if self.field and not self.field.startswith(".metadata."):
             entry["fieldPath"] = self.field
         return entry
+
+
+@dataclass(frozen=True)
+class ValueRule:
+    """A rule on one value (a duration, an argument, a name) rather than on an object.
+
+    It lands on the value's own schema, so the API server reports the value's path (e.g.
+    spec.engine.extraArgs[2]) exactly as pydantic does. `problem` may name what is wrong in a
+    message of its own, which `message_expression` computes the same way on the API server.
+    """
+
+    cel: str
+    """The rule in CEL, with `self` bound to the value."""
+    message: str
+    """Shown by the API server when `message_expression` is empty."""
+    problem: Callable[[Any], str | None]
+    """The same rule in Python: None when the value passes, else the message."""
+    message_expression: str = ""
+    """CEL computing the message from `self` (the text `problem` returns)."""
+
+    def crd_entry(self) -> dict[str, str]:
+        entry = {"rule": self.cel, "message": self.message}
+        if self.message_expression:
+            entry["messageExpression"] = self.message_expression
+        return entry
+
+
+@dataclass(frozen=True)
+class Checked:
+    """`Annotated` metadata that checks a value's rules after its type and writes them into its
+    schema: `Annotated[str, Checked((rule,))]`."""
+
+    rules: tuple[ValueRule, ...]
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(self._check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        json_schema = dict(handler(schema))
+        entries = [rule.crd_entry() for rule in self.rules]
+        json_schema["x-kubernetes-validations"] = [
+            *json_schema.get("x-kubernetes-validations", []),
+            *entries,
+        ]
+        return json_schema
+
+    def _check(self, value: Any) -> Any:
+        for rule in self.rules:
+            problem = rule.problem(value)
+            if problem is not None:
+                raise PydanticCustomError(RULE_ERROR, "{message}", {"message": problem})
+        return value
 
 
 def _schema_extra(schema: dict[str, Any], model: type[Any]) -> None:

@@ -12,8 +12,11 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, WithJsonSchema
 
+from pdfleet.api.rules import Checked, ValueRule
+
 # Go's time.ParseDuration units that make sense for serving: "500ms", "30s", "5m", "1h30m".
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+DURATION_MAX_LENGTH = 32
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -70,8 +73,30 @@ def parse_quantity(value: int | str) -> float:
 
 def _check_duration(value: Any) -> Any:
     if isinstance(value, str):
+        if len(value) > DURATION_MAX_LENGTH:
+            raise ValueError(f"a duration has at most {DURATION_MAX_LENGTH} characters")
         parse_duration(value)
     return value
+
+
+def duration_between(minimum: str, maximum: str) -> Checked:
+    """The range a Duration field must lie in to be usable, inclusive: `Annotated[Duration,
+    duration_between("1s", "1h")]`. A zero where the value divides or must be met (a
+    stabilization window, a latency target) would be admitted and then break the operator;
+    every Duration of the spec says its range this way, in CEL (Kubernetes' duration()) and in
+    Python alike."""
+    low, high = parse_duration(minimum), parse_duration(maximum)
+    message = f"must be a duration from {minimum} to {maximum}"
+    return Checked(
+        (
+            ValueRule(
+                cel=f"duration(self) >= duration('{minimum}') && "
+                f"duration(self) <= duration('{maximum}')",
+                message=message,
+                problem=lambda text: None if low <= parse_duration(text) <= high else message,
+            ),
+        )
+    )
 
 
 def _check_quantity(value: Any) -> Any:
@@ -84,9 +109,12 @@ def _check_quantity(value: Any) -> Any:
 Duration = Annotated[
     str,
     BeforeValidator(_check_duration),
-    WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN}),
+    WithJsonSchema(
+        {"type": "string", "pattern": DURATION_PATTERN, "maxLength": DURATION_MAX_LENGTH}
+    ),
 ]
-"""A duration in Kubernetes notation, e.g. "500ms", "30s", "5m"."""
+"""A duration in Kubernetes notation, e.g. "500ms", "30s", "5m"; spec fields add their range
+with `duration_between`."""
 
 Quantity = Annotated[
     int | str,

@@ -9,12 +9,15 @@ Cross-field rules are `Rule`s: CEL on the API server, the same check in Python h
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
+from pydantic.alias_generators import to_snake
 
 from pdfleet import labels
-from pdfleet.api.rules import ApiModel, Rule
+from pdfleet.api.owned import ENV_NAME_RULE, EXTRA_ARG_RULE
+from pdfleet.api.rules import ApiModel, Checked, Rule
 from pdfleet.api.types import (
     DNSLabel,
     Duration,
@@ -22,6 +25,7 @@ from pdfleet.api.types import (
     PortNumber,
     Quantity,
     ResourceName,
+    duration_between,
     parse_duration,
 )
 
@@ -38,6 +42,13 @@ SERVICE_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 # Defaults for sub-objects are written as {} in the CRD so the API server fills their fields.
 EMPTY_OBJECT: dict[str, Any] = {"default": {}}
+
+# Data-parallel ranks of one pod at most; rank r's NIXL side channel listens on base + r, so a
+# pod may listen on up to this many ports from kvTransfer.sideChannelPort on.
+MAX_DATA_PARALLEL = 64
+
+ExtraArg = Annotated[str, Field(max_length=4096), Checked((EXTRA_ARG_RULE,))]
+"""One `vllm serve` argument; flags the operator sets are refused (pdfleet.api.owned)."""
 
 # ---------------------------------------------------------------------------------------------
 # Model and engine
@@ -74,7 +85,7 @@ class HubSource(ApiModel):
         description="Hub repository id; defaults to spec.model.name.",
     )
     revision: str | None = Field(
-        None, max_length=256, description="Branch, tag or commit to download."
+        None, min_length=1, max_length=256, description="Branch, tag or commit to download."
     )
     token_secret_ref: SecretKeyRef | None = Field(
         None,
@@ -118,11 +129,12 @@ class ModelSpec(ApiModel):
 class EnvVar(ApiModel):
     """An environment variable for the worker container (the core/v1 EnvVar form)."""
 
-    name: str = Field(
+    name: Annotated[str, Checked((ENV_NAME_RULE,))] = Field(
         min_length=1,
         max_length=256,
         pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$",
-        description="Variable name.",
+        description="Variable name. Names the operator sets and depends on are refused "
+        "(docs/worker.md); HF_HOME and HF_TOKEN replace the operator's values.",
     )
     value: str | None = Field(None, description="Literal value.")
     value_from: FreeFormObject | None = Field(
@@ -148,13 +160,18 @@ class EngineSpec(ApiModel):
         description="vLLM version inside the image; selects version-dependent flags and ports.",
     )
     port: PortNumber = Field(8000, description="Port of vLLM's OpenAI-compatible server.")
-    extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(
+    extra_args: list[ExtraArg] = Field(
         default_factory=list,
         max_length=64,
-        description="Extra `vllm serve` arguments for both roles, appended last.",
+        description="Extra `vllm serve` arguments for both roles, appended last. Flags the "
+        "operator sets from the spec (--port, --tensor-parallel-size, --kv-transfer-config, "
+        "...) are refused: set their fields instead.",
     )
     env: list[EnvVar] = Field(
-        default_factory=list, max_length=64, description="Extra environment for both roles."
+        default_factory=list,
+        max_length=64,
+        description="Extra environment for both roles; a role's env replaces an entry of the "
+        "same name.",
     )
 
 
@@ -200,6 +217,14 @@ class FabricSpec(ApiModel):
             field=".rdmaResource",
             check=lambda f: f.ucx is None or f.ucx.gid_index is None or f.rdma_resource,
         ),
+        Rule(
+            # 1, the default, is what objects without rdmaResource were stored with: they stay
+            # valid (docs/upgrade.md); any other count asks for units of nothing.
+            cel="!has(self.rdmaPerReplica) || self.rdmaPerReplica == 1 || has(self.rdmaResource)",
+            message="rdmaPerReplica counts units of rdmaResource: set rdmaResource too",
+            field=".rdmaResource",
+            check=lambda f: f.rdma_per_replica == 1 or f.rdma_resource is not None,
+        ),
     )
 
     rdma_resource: ResourceName | None = Field(
@@ -208,7 +233,11 @@ class FabricSpec(ApiModel):
         "e.g. rdma/ib, rdma/rdma_shared_device_a or an SR-IOV resource.",
     )
     rdma_per_replica: int = Field(
-        1, ge=1, le=64, description="How many rdmaResource units each worker pod requests."
+        1,
+        ge=1,
+        le=64,
+        description="How many rdmaResource units each worker pod requests; more than 1 needs "
+        "rdmaResource.",
     )
     networks: list[DNSLabel] = Field(
         default_factory=list,
@@ -276,19 +305,6 @@ class PreflightSpec(ApiModel):
 class KVTransferSpec(ApiModel):
     """How decode workers pull the KV cache from prefill workers (vLLM's NixlConnector)."""
 
-    __rules__ = (
-        Rule(
-            # has(): the API server also checks this rule against the CRD's default ({}).
-            cel="!has(self.preflight) || !has(self.preflight.port) || "
-            "!has(self.sideChannelPort) || self.preflight.port < self.sideChannelPort || "
-            "self.preflight.port >= self.sideChannelPort + 64",
-            message="preflight.port must lie outside the side-channel ports (sideChannelPort "
-            "up to sideChannelPort + 63, one per data-parallel rank)",
-            field=".preflight.port",
-            check=lambda k: not 0 <= k.preflight.port - k.side_channel_port < 64,
-        ),
-    )
-
     connector: Literal["NixlConnector", "NixlPullConnector", "NixlPushConnector"] = Field(
         "NixlConnector", description="vLLM KV connector (kv_transfer_config.kv_connector)."
     )
@@ -315,10 +331,13 @@ class KVTransferSpec(ApiModel):
         "blocks (kv_connector_extra_config.kv_lease_duration); unset keeps vLLM's default "
         "(30 s). Raise it where decodes can take longer than that to start a request.",
     )
-    side_channel_port: PortNumber = Field(
+    side_channel_port: int = Field(
         5600,
+        ge=1024,
+        le=65536 - MAX_DATA_PARALLEL,
         description="Base NIXL side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT); data-parallel "
-        "rank r listens on base + r.",
+        f"rank r listens on base + r, so the {MAX_DATA_PARALLEL} ports from here on are kept "
+        "for it.",
     )
     fabric: FabricSpec | None = Field(
         None, description="The RDMA fabric; unset means the pod network (TCP) only."
@@ -370,7 +389,7 @@ class Parallelism(ApiModel):
     """Parallelism of one worker pod; the pod requests tensor x data GPUs."""
 
     tensor: int = Field(1, ge=1, le=64, description="Tensor-parallel size.")
-    data: int = Field(1, ge=1, le=64, description="Data-parallel ranks in one pod.")
+    data: int = Field(1, ge=1, le=MAX_DATA_PARALLEL, description="Data-parallel ranks in one pod.")
 
     @property
     def gpus(self) -> int:
@@ -396,7 +415,7 @@ class Toleration(ApiModel):
         None, description="Taint effect to tolerate; empty matches all."
     )
     toleration_seconds: int | None = Field(
-        None, description="How long a NoExecute taint is tolerated."
+        None, ge=0, le=10**9, description="How long a NoExecute taint is tolerated, in seconds."
     )
 
 
@@ -460,15 +479,15 @@ class RoleSpec(ApiModel):
         description="Tolerations of the pool's pods; the default tolerates the usual GPU taint.",
     )
     priority_class_name: str | None = Field(
-        None, max_length=253, description="PriorityClass of the pool's pods."
+        None, min_length=1, max_length=253, description="PriorityClass of the pool's pods."
     )
     shared_memory: Quantity = Field(
         "16Gi", description="Size of the memory-backed /dev/shm (NCCL, NIXL host buffers)."
     )
-    extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(
+    extra_args: list[ExtraArg] = Field(
         default_factory=list,
         max_length=64,
-        description="Extra `vllm serve` arguments for this role only.",
+        description="Extra `vllm serve` arguments for this role only (after engine.extraArgs).",
     )
     env: list[EnvVar] = Field(
         default_factory=list, max_length=64, description="Extra environment for this role only."
@@ -493,6 +512,7 @@ class RouterSpec(ApiModel):
     )
     image: str | None = Field(
         None,
+        min_length=1,
         max_length=512,
         description="Router image; defaults to the image the operator was installed with.",
     )
@@ -502,7 +522,7 @@ class RouterSpec(ApiModel):
     policy: Literal["random", "round_robin", "cache_aware", "power_of_two", "consistent_hash"] = (
         Field("power_of_two", description="Worker selection policy for both stages.")
     )
-    health_check_interval: Duration = Field(
+    health_check_interval: Annotated[Duration, duration_between("1s", "1h")] = Field(
         "5s", description="How often the router checks worker health."
     )
     resources: Resources = Field(
@@ -515,7 +535,9 @@ class RouterSpec(ApiModel):
 class LatencyTarget(ApiModel):
     """A latency target at a percentile."""
 
-    target: Duration = Field(description="Latency target, e.g. 500ms.")
+    target: Annotated[Duration, duration_between("1ms", "1h")] = Field(
+        description="Latency target, e.g. 500ms."
+    )
     percentile: float = Field(
         90, gt=0, lt=100, description="Percentile the target applies to, in (0, 100)."
     )
@@ -530,7 +552,9 @@ class SLOSpec(ApiModel):
 
     ttft: LatencyTarget = Field(description="Time to first token.")
     itl: LatencyTarget = Field(description="Inter-token latency (time per output token).")
-    window: Duration = Field("2m", description="Window over which the percentiles are measured.")
+    window: Annotated[Duration, duration_between("10s", "6h")] = Field(
+        "2m", description="Window over which the percentiles are measured."
+    )
 
 
 class PrometheusSpec(ApiModel):
@@ -538,7 +562,9 @@ class PrometheusSpec(ApiModel):
 
     url: str = Field(
         max_length=1024,
-        pattern=r"^https?://[^\s/]+(/\S*)?$",
+        # Spelt-out ASCII white space: RE2 (the API server) and pydantic's regex engine
+        # disagree on what \s matches beyond it.
+        pattern=r"^https?://[^\t\n\f\r /]+(/[^\t\n\f\r ]*)?$",
         description="Base URL of the Prometheus HTTP API, e.g. http://prometheus.monitoring:9090.",
     )
 
@@ -592,11 +618,15 @@ class AutoscalingSpec(ApiModel):
         None, ge=1, le=100_000, description="Prefill plus decode GPUs never exceed this."
     )
     prometheus: PrometheusSpec | None = Field(None, description="Metrics source.")
-    interval: Duration = Field("30s", description="Time between decisions.")
-    scale_up_stabilization: Duration = Field(
-        "60s", description="A scale-down is not reversed by a scale-up sooner than this."
+    interval: Annotated[Duration, duration_between("1s", "1h")] = Field(
+        "30s", description="Time between decisions."
     )
-    scale_down_stabilization: Duration = Field(
+    scale_up_stabilization: Annotated[Duration, duration_between("0s", "24h")] = Field(
+        "60s",
+        description="A scale-down is not reversed by a scale-up sooner than this; 0s: no "
+        "stabilization.",
+    )
+    scale_down_stabilization: Annotated[Duration, duration_between("1s", "24h")] = Field(
         "300s",
         description="Load must stay low this long before a pool shrinks, and a scale-up is not "
         "reversed sooner.",
@@ -607,7 +637,7 @@ class AutoscalingSpec(ApiModel):
     max_scale_down_step: int = Field(
         1, ge=1, le=1000, description="Most replicas removed from one pool in one decision."
     )
-    worker_startup: Duration = Field(
+    worker_startup: Annotated[Duration, duration_between("1s", "24h")] = Field(
         "120s",
         description="How long a new worker takes to serve (pull, load weights, warm up): the "
         "autoscaler sizes for the load expected by the time new workers are ready.",
@@ -620,7 +650,7 @@ class AutoscalingSpec(ApiModel):
 class DrainSpec(ApiModel):
     """How workers leave: drained and deregistered before they are removed."""
 
-    timeout: Duration = Field(
+    timeout: Annotated[Duration, duration_between("1s", "24h")] = Field(
         "300s",
         description="Longest wait for in-flight requests of a draining worker; then it is "
         "removed anyway (an Event says so). Also vLLM's --shutdown-timeout.",
@@ -681,6 +711,52 @@ def _replica_fits_budget(role: str) -> Rule:
     )
 
 
+def _field(obj: Any, path: str) -> Any:
+    """The value at a camelCase path such as "kvTransfer.preflight.port"."""
+    for part in path.split("."):
+        obj = getattr(obj, to_snake(part))
+    return obj
+
+
+def _when_set(paths: Sequence[str], condition: str) -> str:
+    """CEL: `condition` whenever every field on `paths` is set. The API server also checks a
+    rule against a CRD default such as {}, where they are not."""
+    steps = [
+        ".".join(path.split(".")[:end])
+        for path in paths
+        for end in range(1, 1 + len(path.split(".")))
+    ]
+    present = " && ".join(f"has(self.{step})" for step in dict.fromkeys(steps))
+    return f"!({present}) || {condition}"
+
+
+def _ports_differ(port: str, other: str) -> Rule:
+    """Two listeners of one pod: the second could not bind, and the API server refuses a
+    Service that names one port twice."""
+    return Rule(
+        cel=_when_set((port, other), f"self.{port} != self.{other}"),
+        message=f"{port} must differ from {other}: both listen in the same pod",
+        field=f".{port}",
+        check=lambda s: _field(s, port) != _field(s, other),
+    )
+
+
+def _outside_side_channels(port: str) -> Rule:
+    """A worker listener must not take one of the side-channel ports (one per data-parallel
+    rank from kvTransfer.sideChannelPort on)."""
+    base = "kvTransfer.sideChannelPort"
+    return Rule(
+        cel=_when_set(
+            (port, base),
+            f"self.{port} < self.{base} || self.{port} >= self.{base} + {MAX_DATA_PARALLEL}",
+        ),
+        message=f"{port} must lie outside the side-channel ports ({base} up to {base} + "
+        f"{MAX_DATA_PARALLEL - 1}, one per data-parallel rank)",
+        field=f".{port}",
+        check=lambda s: not 0 <= _field(s, port) - _field(s, base) < MAX_DATA_PARALLEL,
+    )
+
+
 class InferenceServiceSpec(ApiModel):
     """A prefill/decode disaggregated vLLM fleet behind one router."""
 
@@ -720,14 +796,11 @@ class InferenceServiceSpec(ApiModel):
                 <= s.autoscaling.gpu_budget
             ),
         ),
-        Rule(
-            cel="!has(self.kvTransfer) || !has(self.kvTransfer.preflight) || "
-            "!has(self.kvTransfer.preflight.port) || !has(self.engine.port) || "
-            "self.kvTransfer.preflight.port != self.engine.port",
-            message="kvTransfer.preflight.port must differ from engine.port",
-            field=".kvTransfer.preflight.port",
-            check=lambda s: s.kv_transfer.preflight.port != s.engine.port,
-        ),
+        # The ports of a worker pod, and of a router pod, are distinct.
+        _outside_side_channels("engine.port"),
+        _outside_side_channels("kvTransfer.preflight.port"),
+        _ports_differ("kvTransfer.preflight.port", "engine.port"),
+        _ports_differ("router.metricsPort", "router.port"),
     )
 
     model: ModelSpec = Field(description="The model to serve.")

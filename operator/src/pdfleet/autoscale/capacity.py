@@ -61,10 +61,20 @@ class RoleCapacity:
     updated_at_s: float | None = None
 
 
+def fade(elapsed_s: float, half_life_s: float) -> float:
+    """The share of a memory left after `elapsed_s` with a half-life: 0 (all forgotten) where
+    the half-life is not positive or the share underflows, never a division by zero."""
+    if not elapsed_s > 0:
+        return 1.0
+    return 0.5 ** (elapsed_s / half_life_s) if half_life_s > 0 else 0.0
+
+
 def _decay(state: RoleCapacity, at_s: float, half_life_s: float) -> RoleCapacity:
     if state.updated_at_s is None or at_s <= state.updated_at_s:
         return state
-    f = 0.5 ** ((at_s - state.updated_at_s) / half_life_s)
+    f = fade(at_s - state.updated_at_s, half_life_s)
+    if f == 0.0:  # everything faded: the idle-latency floor is kept, as ever
+        return RoleCapacity(floor=state.floor, updated_at_s=at_s)
     return RoleCapacity(
         weight=state.weight * f,
         sum_x=state.sum_x * f,
@@ -117,7 +127,7 @@ def observe(
 
 def fitted(state: RoleCapacity, target: float) -> float | None:
     """Load per replica where the fitted 1/latency line reaches 1/target; None if unknown."""
-    if state.weight < 3.0:
+    if state.weight < 3.0 or not target > 0:
         return None
     mx = state.sum_x / state.weight
     mz = state.sum_z / state.weight
@@ -141,6 +151,8 @@ def anchored(state: RoleCapacity, target: float) -> float | None:
     no latency rise above the floor (then nothing says where the limit is).
     """
     if state.weight < 3.0 or not math.isfinite(state.floor) or state.sum_xx <= 0:
+        return None
+    if not target > 0:
         return None
     z0 = 1.0 / state.floor
     slope = (state.sum_xz - z0 * state.sum_x) / state.sum_xx
@@ -206,9 +218,10 @@ class Bracket:
 def _relax(state: Bracket, at_s: float, half_life_s: float) -> Bracket:
     if state.updated_at_s is None or at_s <= state.updated_at_s:
         return state
-    f = 0.5 ** ((at_s - state.updated_at_s) / half_life_s)
+    f = fade(at_s - state.updated_at_s, half_life_s)
     # "held" is solid evidence, kept four times longer than a violation is
-    return replace(state, held=state.held * f**0.25, broke=state.broke / f, updated_at_s=at_s)
+    broke = state.broke / f if f > 0.0 else math.inf
+    return replace(state, held=state.held * f**0.25, broke=broke, updated_at_s=at_s)
 
 
 def observe_bracket(

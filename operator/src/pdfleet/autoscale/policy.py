@@ -43,6 +43,20 @@ from pdfleet.autoscale.attainment import Buckets
 Role = Literal["prefill", "decode"]
 _MAX_TREND = 0.25
 ROLES: tuple[Role, Role] = ("prefill", "decode")
+# The smallest target, divisor time or utilization a config holds (1 ms: admission's smallest
+# latency target), and a replica count past any pool's bounds for a load that overflows.
+MIN_POSITIVE = 1e-3
+MAX_REPLICAS = 1_000_000
+# Fields the policy divides by, or that must be above zero to ever be met.
+_POSITIVE_FIELDS = (
+    "ttft_target_s",
+    "itl_target_s",
+    "capacity_half_life_s",
+    "burst_memory_half_life_s",
+    "backlog_drain_s",
+    "prefill_target_utilization",
+    "decode_target_utilization",
+)
 
 
 @dataclass(frozen=True)
@@ -88,6 +102,14 @@ class PolicyConfig:
     # The measured KV transfer time of a typical prompt (the KV transport preflight): the
     # decode side's TTFT share until the decode pods report a TTFT of their own.
     kv_transfer_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        """Admission keeps these above zero; one that slipped past it (a spec stored before
+        its rule, a hand-made config) is read as the smallest usable value, so no decision
+        divides by zero."""
+        for name in _POSITIVE_FIELDS:
+            if not getattr(self, name) >= MIN_POSITIVE:  # zero, negative or NaN
+                object.__setattr__(self, name, MIN_POSITIVE)
 
     def bounds(self, role: Role) -> tuple[int, int]:
         if role == "prefill":
@@ -227,6 +249,13 @@ class _RoleView:
 
 def _finite(*values: float) -> bool:
     return all(math.isfinite(v) for v in values)
+
+
+def replicas_for(load: float, per_replica: float) -> int:
+    """Replicas that carry `load` at `per_replica` each, rounded up past float noise; more
+    than any pool holds (the bounds clamp it) where the quotient overflows."""
+    n = load / per_replica - 1e-9 if per_replica > 0 else math.inf
+    return min(math.ceil(n), MAX_REPLICAS) if math.isfinite(n) else MAX_REPLICAS
 
 
 def metrics_problem(now_s: float, config: PolicyConfig, m: MetricsWindow | None) -> str | None:
@@ -423,19 +452,19 @@ def recommend(
         if violating:
             return max(current, ready + 1), f"{role}: over target, capacity unknown"
         if down_limit is not None and view.waiting == 0:
-            n = min(current, max(1, math.ceil(view.peak / down_limit - 1e-9)))
+            n = min(current, max(1, replicas_for(view.peak, down_limit)))
             return n, f"{role}: capacity unknown, {down_limit:.0f}/s per replica has held -> {n}"
         if view.latency < 0.5 * view.target and view.waiting == 0:
             return current - 1, f"{role}: well under target, capacity unknown"
         return current, f"{role}: capacity unknown, holding"
     load = forecast(role, view, capacity, ready, slope, config, coming)
     util = config.utilization(role)
-    n = math.ceil(load / (capacity * util) - 1e-9)
+    n = replicas_for(load, capacity * util)
     if n < current:
         limit = capacity * util * config.scale_down_margin
         if down_limit is not None:
             limit = max(limit, down_limit)
-        n = max(n, min(current, math.ceil(load / max(limit, 1e-9) - 1e-9)))
+        n = max(n, min(current, replicas_for(load, max(limit, 1e-9))))
     why = (
         f"{role}: load {view.peak:.0f}/s (mean {view.demand:.0f}, forecast {load:.0f}), "
         f"capacity {capacity:.0f}/s per replica -> {n}"
@@ -635,8 +664,8 @@ def _learn(
         out = replace(out, prefill=state) if r == "prefill" else replace(out, decode=state)
     peak = views["prefill"].peak
     kept = last.prefill_busiest
-    if last.busiest_at_s is not None and metrics.at_s > last.busiest_at_s:
-        kept *= 0.5 ** ((metrics.at_s - last.busiest_at_s) / config.burst_memory_half_life_s)
+    if last.busiest_at_s is not None:
+        kept *= cap.fade(metrics.at_s - last.busiest_at_s, config.burst_memory_half_life_s)
     out = replace(out, prefill_busiest=max(kept, peak), busiest_at_s=metrics.at_s)
     if stable["prefill"]:
         v = views["prefill"]
@@ -702,7 +731,7 @@ def burst_floor(
     per_replica = capacity * config.prefill_target_utilization if capacity else limit
     if not per_replica:
         return 0
-    return math.ceil(learned.prefill_busiest / per_replica - 1e-9)
+    return replicas_for(learned.prefill_busiest, per_replica)
 
 
 def decide(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -113,6 +114,21 @@ def send(
     return api.call_api(method, url, all_headers, payload, post, _request_timeout=timeout)
 
 
+# Characters that YAML may not carry literally or reads as line breaks (C0 and C1 controls,
+# DEL, NEL, the Unicode line and paragraph separators, the byte-order mark, U+FFFE and U+FFFF).
+_YAML_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]")
+
+
+def apply_body(manifest: Mapping[str, Any]) -> bytes:
+    """A server-side apply body: JSON, which the API server reads as YAML. ensure_ascii would
+    write a character beyond the Basic Multilingual Plane (an emoji in a model name) as a
+    surrogate pair, which JSON allows and YAML refuses, so the child would be refused with a
+    YAML error naming no field. Here every character goes as UTF-8, except those YAML cannot
+    take literally, which go as \\u escapes of the character itself."""
+    text = json.dumps(manifest, ensure_ascii=False)
+    return _YAML_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode()
+
+
 class KubeWriter:
     """Server-side apply and friends for one field manager."""
 
@@ -142,15 +158,19 @@ class KubeWriter:
         loaded: dict[str, Any] = json.loads(data) if data else {}
         return loaded
 
-    def apply(self, manifest: Mapping[str, Any], namespace: str) -> dict[str, Any]:
-        """Server-side apply; force: pdfleet owns the fields it sets on its children."""
+    def apply(
+        self, manifest: Mapping[str, Any], namespace: str, dry_run: bool = False
+    ) -> dict[str, Any]:
+        """Server-side apply; force: pdfleet owns the fields it sets on its children.
+        `dry_run`: the API server validates and answers, and persists nothing."""
         kind = KINDS[str(manifest["kind"])]
         name = manifest["metadata"]["name"]
+        query = [("fieldManager", self.field_manager), ("force", "true")]
         return self._call(
             "PATCH",
             f"{kind.collection(namespace)}/{name}",
-            body=json.dumps(manifest),
-            query=[("fieldManager", self.field_manager), ("force", "true")],
+            body=apply_body(manifest),
+            query=query + ([("dryRun", "All")] if dry_run else []),
             content_type="application/apply-patch+yaml",
         )
 

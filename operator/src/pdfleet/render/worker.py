@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from pdfleet import labels
+from pdfleet.api.owned import OWNED_ENV
 from pdfleet.api.types import parse_duration
 from pdfleet.api.v1alpha1 import EnvVar, InferenceService, RoleSpec
 from pdfleet.render.common import (
@@ -60,6 +61,19 @@ def _plain_env(values: dict[str, str]) -> list[dict[str, Any]]:
 
 def _user_env(env: list[EnvVar]) -> list[dict[str, Any]]:
     return [item.model_dump(by_alias=True, exclude_none=True) for item in env]
+
+
+def merge_env(operator: list[dict[str, Any]], user: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per name (the API server refuses a pod template that names one twice): a
+    user entry replaces the operator's entry of that name in its place, and a later user
+    entry an earlier one (a role's env over the engine's). Names the operator owns
+    (pdfleet.api.owned.OWNED_ENV) keep the operator's value: admission refuses them, so a user
+    entry for one can only come from a spec stored before that rule."""
+    merged = {item["name"]: item for item in operator}
+    for item in user:
+        if item["name"] not in OWNED_ENV:
+            merged[item["name"]] = item
+    return list(merged.values())
 
 
 def worker_env(isvc: InferenceService, role: str, config: RenderConfig) -> list[dict[str, Any]]:
@@ -117,8 +131,7 @@ def worker_env(isvc: InferenceService, role: str, config: RenderConfig) -> list[
         )
     if hub is not None and hub.revision:
         env.append({"name": "PDFLEET_MODEL_REVISION", "value": hub.revision})
-    # User env last so it can override anything above (Kubernetes keeps the last duplicate).
-    return env + _user_env(spec.engine.env) + _user_env(pool.env)
+    return merge_env(env, _user_env(spec.engine.env) + _user_env(pool.env))
 
 
 def _ucx_env(isvc: InferenceService) -> dict[str, str]:
