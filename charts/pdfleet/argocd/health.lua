@@ -3,7 +3,8 @@
 -- Follows kstatus, the conventions the operator writes its status by:
 --   * status not written yet, or status.observedGeneration behind metadata.generation
 --       -> Progressing (the operator has not seen the latest spec)
---   * Stalled=True      -> Degraded (cannot converge without help: capacity, invalid spec)
+--   * Stalled=True      -> Degraded (cannot converge without help: a pod stuck or
+--                          unschedulable past spec.progressDeadline, an invalid spec)
 --   * Ready=True        -> Healthy
 --   * Reconciling=True  -> Progressing (converging: pods starting, pools resizing, draining)
 --   * anything else     -> Progressing

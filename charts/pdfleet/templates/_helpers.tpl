@@ -111,4 +111,8 @@ docs/install.md ("What the operator may do").
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+# The Multus networks a fabric names: checked to exist, never written (kube/networks.py).
+- apiGroups: [k8s.cni.cncf.io]
+  resources: [network-attachment-definitions]
+  verbs: [list, watch]
 {{- end -}}

@@ -52,9 +52,9 @@ from pdfleet.reconcile.observed import (
 )
 from pdfleet.reconcile.plan import RenderCache, desired_replicas, plan, write_waves
 from pdfleet.reconcile.status import (
-    INSUFFICIENT_CAPACITY,
     READY,
     compute_status,
+    condition_events,
     invalid_status,
     merge_foreign_condition,
     progress_interval_s,
@@ -372,15 +372,15 @@ class Controller:
             self._record_changes(body, previous, applied, child_plan.apply, observed)
 
         new = compute_status(isvc, observed, previous, replicas, now, writes)
-        capacity = _condition_status(new, INSUFFICIENT_CAPACITY)
-        if capacity == "True" and _condition_status(previous, INSUFFICIENT_CAPACITY) != "True":
-            message = next(
-                c["message"] for c in new["conditions"] if c["type"] == INSUFFICIENT_CAPACITY
-            )
-            self.writer.event(body, "InsufficientCapacity", message, "Warning")
         new, preflight_after = self._preflight(body, isvc, observed, new, now)
         metrics.export_status(namespace, name, new)
         result = self._write_status(body, original, new, coalesce=True)
+        if result.status_written:
+            # A problem that turned True or names another cause goes out with the status that
+            # says so (reconcile/status.condition_events): a write that waits (progress
+            # coalescing) takes its Events along, instead of every pass meanwhile sending them.
+            for reason, message in condition_events(original, new):
+                self.writer.event(body, reason, message, "Warning")
         pending = (requeue, autoscale_after, preflight_after, result.requeue_after_s)
         requeue = min((t for t in pending if t is not None), default=None)
         return PassResult(writes, len(child_plan.delete), result.status_written, requeue)

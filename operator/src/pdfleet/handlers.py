@@ -33,6 +33,7 @@ from pdfleet import labels, metrics
 from pdfleet.controller import Controller, PassResult
 from pdfleet.kube.informer import Informer, OwnedStore, Projection
 from pdfleet.kube.informer import start as informer_threads
+from pdfleet.kube.networks import NetworkCache
 from pdfleet.reconcile.observed import ChildRef, Observed, PodInfo, child_ref, pod_info
 from pdfleet.reconcile.plan import OWNED_KINDS
 
@@ -206,6 +207,7 @@ class ServiceCache:
         # Every child kind the operator writes is watched.
         self.children = {kind: OwnedStore(child_projection(kind)) for kind in OWNED_KINDS}
         self.pods: OwnedStore[PodInfo] = OwnedStore(Projection(owner=owner_of, value=pod_info))
+        self.networks = NetworkCache()
 
     def service_event(self, key: Key, event_type: str | None, body: Mapping[str, Any]) -> int:
         """Keep (or, when deleted, drop) the service's body; the priority of the pass it needs:
@@ -226,7 +228,20 @@ class ServiceCache:
         for store in self.children.values():
             for ref in store.owned_by(key):
                 children[(ref.kind, ref.name)] = ref
-        return Observed(children=children, pods=self.pods.owned_by(key))
+        return Observed(
+            children=children, pods=self.pods.owned_by(key), networks=self.networks.names(key[0])
+        )
+
+    def fabric_services(self, namespace: str) -> list[Key]:
+        """The services of `namespace` whose fabric names Multus networks: those a change of
+        its NetworkAttachmentDefinitions concerns. Called from a watch thread: it reads a
+        copy of the services."""
+        return [
+            key
+            for key, body in list(self.services.items())
+            if key[0] == namespace
+            and ((body["spec"].get("kvTransfer") or {}).get("fabric") or {}).get("networks")
+        ]
 
     def informers(
         self,
@@ -235,17 +250,23 @@ class ServiceCache:
         on_change: Callable[[Key], None],
         on_synced: Callable[[], None],
     ) -> list[Informer[Any]]:
-        """One informer per kind and watched namespace (one per kind cluster-wide)."""
+        """One informer per kind and watched namespace (one per kind cluster-wide), and the
+        NetworkAttachmentDefinitions' (not counted in `on_synced`: their CRD may be absent)."""
         watched: list[tuple[str, str, OwnedStore[Any]]] = [
             (kind, OWNED_SELECTOR, store) for kind, store in self.children.items()
         ]
         watched.append(("Pod", labels.SERVICE, self.pods))
         scopes: Sequence[str | None] = [*namespaces] if namespaces else [None]
+
+        def on_networks(namespace: str) -> None:
+            for key in self.fabric_services(namespace):
+                on_change(key)
+
         return [
             Informer(api, kind, namespace, selector, store, on_change, on_synced)
             for kind, selector, store in watched
             for namespace in scopes
-        ]
+        ] + self.networks.informers(api, scopes, on_networks)
 
 
 OWNED_SELECTOR = f"{labels.SERVICE},{labels.APP_MANAGED_BY}={labels.FIELD_MANAGER}"
@@ -313,7 +334,8 @@ def register(
     async def start(**_: Any) -> None:
         loop = asyncio.get_running_loop()
 
-        watches = (len(cache.children) + 1) * max(1, len(namespaces))
+        scopes = max(1, len(namespaces))
+        watches = (len(cache.children) + 1) * scopes
         synced = CountDown(watches)
 
         # Both are called from the informers' threads.
@@ -323,7 +345,9 @@ def register(
         def on_synced() -> None:
             loop.call_soon_threadsafe(synced.count)
 
-        informers = cache.informers(watch_client(api, watches), namespaces, on_change, on_synced)
+        # And one watch per scope for the NetworkAttachmentDefinitions.
+        client_ = watch_client(api, watches + scopes)
+        informers = cache.informers(client_, namespaces, on_change, on_synced)
         informer_threads(informers, stop)
         tasks.append(asyncio.create_task(_serve(queue, cache, synced.done, resync_s)))
 

@@ -67,7 +67,7 @@ def _object(status: dict[str, Any] | None, generation: int = GENERATION) -> dict
 def _unschedulable(age_s: float) -> PodInfo:
     since = (NOW - timedelta(seconds=age_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
     return _pod(
-        "decode", phase="Pending", ready=False, unschedulable_since=since,
+        "decode", phase="Pending", ready=False, unready_since=since,
         unschedulable="0/5 nodes are available: 5 Insufficient nvidia.com/gpu.",
     )  # fmt: skip
 

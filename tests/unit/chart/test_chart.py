@@ -167,6 +167,8 @@ def test_cluster_mode_rbac_is_exactly_what_the_operator_needs(tmp_path: Path) ->
         expected |= {(KINDS[kind].group, KINDS[kind].plural, v) for v in writes}
     expected |= {("", "pods", v) for v in ("get", "list", "watch", "patch")}
     expected |= {("", "events", "create")}
+    nad = KINDS["NetworkAttachmentDefinition"]
+    expected |= {(nad.group, nad.plural, v) for v in ("list", "watch")}
     assert granted == expected
     binding = one(manifests, "ClusterRoleBinding")
     assert binding["subjects"] == [

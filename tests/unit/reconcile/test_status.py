@@ -114,7 +114,7 @@ def _unschedulable(since: datetime) -> PodInfo:
     return _pod(
         "decode", 0, phase="Pending", ready=False,
         unschedulable="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
-        unschedulable_since=since.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        unready_since=since.strftime("%Y-%m-%dT%H:%M:%SZ"),
     )  # fmt: skip
 
 
@@ -130,7 +130,7 @@ def test_insufficient_capacity_names_the_scheduler_reason_then_stalls() -> None:
     assert "Insufficient nvidia.com/gpu" in message
     assert status["decode"]["pending"] == 1
 
-    old = [_pod("prefill", 0), _unschedulable(NOW - timedelta(minutes=5))]
+    old = [_pod("prefill", 0), _unschedulable(NOW - timedelta(minutes=11))]  # progressDeadline 10m
     conditions = _conditions(compute_status(_service(), _observed(old), None, DESIRED, NOW, 0))
     assert conditions["Stalled"] == ("True", "InsufficientCapacity")
     assert conditions["Reconciling"][0] == "False"

@@ -77,7 +77,7 @@ def test_a_start_up_step_waits_and_a_problem_is_written_at_once(
     clock[0] += 0.1 * WINDOW
     stuck = PodInfo(
         name="llama-8b-decode-1", role="decode", ordinal=1, phase="Pending", ready=False,
-        unschedulable="0/3 nodes are available", unschedulable_since="2026-01-02T03:00:00Z",
+        unschedulable="0/3 nodes are available", unready_since="2026-01-02T02:50:00Z",
     )  # fmt: skip
     result = controller.reconcile(body, Observed(pods=(*ready, stuck)))
     assert result.status_written and _status_writes(writer) == 2

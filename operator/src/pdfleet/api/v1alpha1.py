@@ -833,6 +833,13 @@ class InferenceServiceSpec(ApiModel):
         json_schema_extra=EMPTY_OBJECT,
         description="Optional NetworkPolicies for the workers and the router.",
     )
+    progress_deadline: Annotated[Duration, duration_between("1s", "24h")] = Field(
+        "10m",
+        description="How long a pod may stay not Ready before the service is reported "
+        "Stalled=True with the cause (an image it cannot pull, a crash loop, a missing volume "
+        "or network, too few GPUs, or no progress at all), like a Deployment's "
+        "progressDeadlineSeconds. Raise it where weights take longer to download and load.",
+    )
 
     def role(self, name: str) -> RoleSpec:
         if name == labels.ROLE_PREFILL:

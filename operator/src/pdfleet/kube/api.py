@@ -57,6 +57,8 @@ KINDS: dict[str, Kind] = {
     "Role": Kind("rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
     "NetworkPolicy": Kind("networking.k8s.io/v1", "networkpolicies"),
+    # Read only: the Multus networks a fabric names (kube/networks.py).
+    "NetworkAttachmentDefinition": Kind("k8s.cni.cncf.io/v1", "network-attachment-definitions"),
     labels.KIND: Kind(labels.API_VERSION, labels.PLURAL),
 }
 

@@ -7,13 +7,50 @@ it plain dicts.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from pdfleet import labels
 
 APPLIED_HASH = f"{labels.GROUP}/applied-hash"
+
+Stuck = tuple[str, str]
+"""(reason, message): why a pod cannot start without help."""
+
+IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
+CRASH_LOOP_BACK_OFF = "CrashLoopBackOff"
+VOLUME_UNAVAILABLE = "VolumeUnavailable"
+
+# Waiting reasons kubelet gives a container that cannot start without help, and the cause each
+# is reported under. A failing pull or start alternates between two of them with every retry
+# (ErrImagePull and ImagePullBackOff, RunContainerError and CrashLoopBackOff): one cause, so
+# the condition that names it, and its Event, do not flip with each retry. ContainerCreating
+# and PodInitializing are progress, not causes: a pod that stays in them is caught by the
+# progress deadline (reconcile/status.py).
+STUCK_WAITING: Mapping[str, str] = {
+    "ErrImagePull": IMAGE_PULL_BACK_OFF,
+    "ImagePullBackOff": IMAGE_PULL_BACK_OFF,
+    "RegistryUnavailable": IMAGE_PULL_BACK_OFF,
+    "ErrImageNeverPull": "ErrImageNeverPull",
+    "InvalidImageName": "InvalidImageName",
+    "ImageInspectError": "ImageInspectError",
+    "CreateContainerConfigError": "CreateContainerConfigError",
+    "CreateContainerError": "CreateContainerError",
+    "RunContainerError": CRASH_LOOP_BACK_OFF,
+    "CrashLoopBackOff": CRASH_LOOP_BACK_OFF,
+}
+
+# What the scheduler says of a pod whose volumes keep it off every node: a claim that does not
+# exist or is not bound, volumes no node can reach. No node a cluster autoscaler adds would
+# take it, so it is not a lack of capacity.
+VOLUME_PROBLEM = re.compile(r"persistent ?volume|volume node affinity", re.IGNORECASE)
+
+# A container's last words (its termination message) kept in a condition: enough to name the
+# error, not a whole traceback, for every pod the informer holds.
+LAST_WORDS_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -47,12 +84,24 @@ class PodInfo:
     terminating: bool = False
     draining_since: str | None = None
     unschedulable: str | None = None
-    """The scheduler's message when the pod cannot be placed."""
-    unschedulable_since: str | None = None
+    """The scheduler's message when the pod cannot be placed, whatever the cause: such a pod
+    is no capacity (the autoscaler does not count it)."""
+    stuck: Stuck | None = None
+    """Why the pod cannot start without help, when its status names a cause: a container
+    kubelet cannot pull, create or keep running, or volumes the scheduler cannot place.
+    None while it starts, runs, or waits for capacity."""
+    unready_since: str | None = None
+    """When its current spell of not being Ready began (RFC 3339); None while Ready."""
 
     @property
     def pending(self) -> bool:
         return self.phase == "Pending" and not self.terminating
+
+    @property
+    def lacks_capacity(self) -> bool:
+        """Unschedulable for want of nodes (GPUs, RDMA units, matching labels, tolerated
+        taints), which a cluster autoscaler or a freed node can fix: not for its volumes."""
+        return self.unschedulable is not None and self.stuck is None
 
 
 @dataclass(frozen=True)
@@ -61,6 +110,9 @@ class Observed:
 
     children: Mapping[tuple[str, str], ChildRef] = field(default_factory=dict)
     pods: tuple[PodInfo, ...] = ()
+    networks: frozenset[str] | None = None
+    """Names of the Multus NetworkAttachmentDefinitions in the service's namespace; None when
+    the operator cannot tell (their CRD is not installed, or not listed yet)."""
 
     def child(self, kind: str, name: str) -> ChildRef | None:
         return self.children.get((kind, name))
@@ -100,13 +152,99 @@ def child_ref(obj: Mapping[str, Any]) -> ChildRef:
     )
 
 
+def parse_time(text: str) -> datetime:
+    """A Kubernetes timestamp ("2026-01-02T03:04:05Z") as an aware datetime."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def volume_problem(message: str) -> bool:
+    """Whether every reason the scheduler gives for passing over the nodes is about the pod's
+    volumes. Its message reads "0/5 nodes are available: <count> <reason>, <count> <reason>.
+    preemption: ...", or names one reason when no node was even tried (a claim not found).
+    A mix (some nodes lack GPUs, others the volume) is capacity: more nodes may help."""
+    head = message.split(" preemption:", 1)[0]
+    _, counted, reasons = head.partition("nodes are available: ")
+    parts = [part for part in (reasons if counted else head).rstrip(" .").split(", ") if part]
+    return bool(parts) and all(VOLUME_PROBLEM.search(part) for part in parts)
+
+
+def _last_failure(container: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The container's latest run when it failed (a non-zero exit code): the one that has
+    just ended (state.terminated), else the one before (lastState.terminated). A container
+    that has just completed (an init container done) has no failure."""
+    ended = (container.get("state") or {}).get("terminated")
+    if ended is None:
+        ended = (container.get("lastState") or {}).get("terminated")
+    return dict(ended) if ended and ended.get("exitCode") else None
+
+
+def _exit_message(name: str, ended: Mapping[str, Any]) -> str:
+    """'container vllm exited with OOMKilled (exit code 137): <its last words>'."""
+    text = f"container {name} exited with {ended.get('reason') or 'Error'} "
+    text += f"(exit code {ended.get('exitCode')})"
+    words = str(ended.get("message") or "").strip()
+    return f"{text}: {words[:LAST_WORDS_CHARS]}" if words else text
+
+
+def container_stuck(container: Mapping[str, Any], unready_since: str | None) -> Stuck | None:
+    """Why one container (or init container) cannot start without help, from its status.
+
+    A crash loop is a cause while the container waits to restart, and also while it has just
+    ended or runs again, not ready, after failing in the pod's current spell of not being
+    Ready: otherwise the cause would come and go with every restart. A failure from before
+    that spell (the container was Ready since) is history, not a cause."""
+    name = str(container.get("name"))
+    waiting = (container.get("state") or {}).get("waiting") or {}
+    reason = STUCK_WAITING.get(str(waiting.get("reason")))
+    failed = _last_failure(container)
+    if reason == CRASH_LOOP_BACK_OFF and failed is not None:
+        return reason, _exit_message(name, failed)
+    if reason is not None:
+        return reason, f"container {name}: {waiting.get('message') or waiting.get('reason')}"
+    if not (failed and unready_since and failed.get("finishedAt")) or container.get("ready"):
+        return None
+    if parse_time(failed["finishedAt"]) < parse_time(unready_since):
+        return None
+    return CRASH_LOOP_BACK_OFF, _exit_message(name, failed)
+
+
+def pod_stuck(
+    status: Mapping[str, Any], unschedulable: str | None, since: str | None
+) -> Stuck | None:
+    """The first cause that keeps a pod from starting without help: volumes the scheduler
+    cannot place, then its init containers (they run first), then its containers."""
+    if unschedulable is not None:
+        return (VOLUME_UNAVAILABLE, unschedulable) if volume_problem(unschedulable) else None
+    containers = [
+        *(status.get("initContainerStatuses") or ()),
+        *(status.get("containerStatuses") or ()),
+    ]
+    return next(
+        (cause for c in containers if (cause := container_stuck(c, since)) is not None), None
+    )
+
+
+def _unready_since(
+    meta: Mapping[str, Any], ready: Mapping[str, Any], scheduled: Mapping[str, Any]
+) -> str | None:
+    """When the pod's current spell of not being Ready began: Ready's last transition, or,
+    before a kubelet reported one, the scheduler's verdict or the pod's creation."""
+    if ready.get("status") == "True":
+        return None
+    since = ready.get("lastTransitionTime") or scheduled.get("lastTransitionTime")
+    return since or meta.get("creationTimestamp")
+
+
 def pod_info(obj: Mapping[str, Any]) -> PodInfo:
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    ready = _condition(status, "Ready").get("status") == "True"
+    ready_condition = _condition(status, "Ready")
+    ready = ready_condition.get("status") == "True"
     scheduled = _condition(status, "PodScheduled")
     unschedulable = scheduled.get("reason") == "Unschedulable"
+    message = str(scheduled.get("message") or "") if unschedulable else None
+    since = _unready_since(meta, ready_condition, scheduled)
     return PodInfo(
         name=str(meta.get("name")),
         role=str((meta.get("labels") or {}).get(labels.ROLE, "")),
@@ -117,8 +255,9 @@ def pod_info(obj: Mapping[str, Any]) -> PodInfo:
         node=spec.get("nodeName"),
         terminating=meta.get("deletionTimestamp") is not None,
         draining_since=(meta.get("annotations") or {}).get(labels.DRAINING),
-        unschedulable=str(scheduled.get("message") or "") if unschedulable else None,
-        unschedulable_since=scheduled.get("lastTransitionTime") if unschedulable else None,
+        unschedulable=message,
+        stuck=None if ready else pod_stuck(status, message, since),
+        unready_since=since,
     )
 
 
@@ -162,7 +301,7 @@ def overlay(
     for key, (ref, age_s) in written.items():
         if index_lags(children.get(key), ref, age_s, fresh_s):
             children[key] = ref
-    return Observed(children=children, pods=observed.pods)
+    return replace(observed, children=children)
 
 
 def with_marks(observed: Observed, marks: Mapping[str, str | None]) -> Observed:
@@ -176,4 +315,4 @@ def with_marks(observed: Observed, marks: Mapping[str, str | None]) -> Observed:
         else p
         for p in observed.pods
     )
-    return Observed(children=observed.children, pods=pods)
+    return replace(observed, pods=pods)

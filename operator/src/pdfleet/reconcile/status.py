@@ -1,9 +1,12 @@
 """Compute the InferenceService status from what was observed: pure, written once per pass.
 
 Conditions follow kstatus: `Ready` (True when the fleet serves as specified), `Reconciling`
-(True while converging), `Stalled` (True when it cannot converge without help). Specific
-conditions say why: `RouterReady`, `InsufficientCapacity` (pods the scheduler cannot place,
-with its message), `SpecValid` (what only the operator can check).
+(True while converging), `Stalled` (True when it cannot converge without help: a pod not Ready
+for longer than spec.progressDeadline, or a spec it cannot use). Specific conditions say why:
+`RouterReady`, `InsufficientCapacity` (pods the scheduler cannot place for want of nodes, with
+its message), `PodsStuck` (a pod that cannot start without help, by name and cause: an image
+it cannot pull, a crash loop, a volume, a missing network), `SpecValid` (what only the operator
+can check).
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from datetime import datetime
 from typing import Any
 
 from pdfleet import labels
+from pdfleet.api.types import parse_duration
 from pdfleet.api.v1alpha1 import InferenceService
-from pdfleet.reconcile.observed import Observed, PodInfo
+from pdfleet.reconcile.observed import Observed, PodInfo, Stuck, parse_time
 from pdfleet.render.common import child_name
 from pdfleet.render.router import endpoint
 
@@ -24,14 +28,25 @@ RECONCILING = "Reconciling"
 STALLED = "Stalled"
 ROUTER_READY = "RouterReady"
 INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+PODS_STUCK = "PodsStuck"
 SPEC_VALID = "SpecValid"
+
+# Reasons of PodsStuck and Stalled besides the pods' own (reconcile/observed.STUCK_WAITING,
+# VOLUME_UNAVAILABLE): a Multus network the fabric names that does not exist, and a pod not
+# Ready past the deadline with nothing in its status to say why.
+NETWORK_MISSING = "NetworkAttachmentMissing"
+NO_PROGRESS = "ProgressDeadlineExceeded"
 
 # Status fields other parts of the operator write (the autoscaler, the KV preflight): kept.
 OTHER_WRITERS = ("slo", "autoscaler", "kvTransport")
 
-# Pods unschedulable for this long make the service Stalled (before that: Reconciling), so a
-# cluster autoscaler gets time to add nodes before GitOps tools report a failure.
-STALL_AFTER_S = 120.0
+# Conditions whose turning True, or naming another cause while True, is a Warning Event, with
+# the Event's reason (None: the condition's own, e.g. ImagePullBackOff).
+EVENT_CONDITIONS: tuple[tuple[str, str | None], ...] = (
+    (INSUFFICIENT_CAPACITY, "InsufficientCapacity"),
+    (PODS_STUCK, None),
+    (STALLED, NO_PROGRESS),
+)
 
 
 @dataclass(frozen=True)
@@ -58,17 +73,105 @@ def role_status(pods: Sequence[PodInfo], desired: int) -> dict[str, Any]:
 def _age_s(since: str | None, now: datetime) -> float:
     if not since:
         return 0.0
-    return (now - datetime.fromisoformat(since.replace("Z", "+00:00"))).total_seconds()
+    return (now - parse_time(since)).total_seconds()
 
 
 def _capacity_condition(pods: Sequence[PodInfo]) -> ConditionValue:
-    stuck = [p for p in pods if p.unschedulable and not p.terminating]
+    stuck = [p for p in pods if p.lacks_capacity and not p.terminating]
     if not stuck:
         return ConditionValue(INSUFFICIENT_CAPACITY, False, "AllPodsScheduled")
     names = ", ".join(p.name for p in stuck[:5])
     return ConditionValue(
         INSUFFICIENT_CAPACITY, True, "Unschedulable", f"{names}: {stuck[0].unschedulable}"
     )
+
+
+def missing_networks(isvc: InferenceService, present: frozenset[str] | None) -> list[str]:
+    """The NetworkAttachmentDefinitions the fabric names (spec.kvTransfer.fabric.networks,
+    names in the service's namespace) that do not exist; none when `present` is None: the
+    operator cannot tell (no Multus CRD in the cluster, or not listed yet)."""
+    fabric = isvc.spec.kv_transfer.fabric
+    if present is None or fabric is None:
+        return []
+    return [name for name in fabric.networks if name not in present]
+
+
+def _network_problem(isvc: InferenceService, observed: Observed) -> str | None:
+    missing = missing_networks(isvc, observed.networks)
+    if not missing:
+        return None
+    names = ", ".join(f"{isvc.metadata.namespace}/{name}" for name in missing)
+    return (
+        f"NetworkAttachmentDefinition {names} not found (spec.kvTransfer.fabric.networks): "
+        "workers cannot attach it"
+    )
+
+
+def pod_causes(pods: Sequence[PodInfo], network: str | None) -> list[tuple[PodInfo, Stuck]]:
+    """Each live pod that is not Ready, with the cause that keeps it so where one is named,
+    by pod name: its own status's (PodInfo.stuck), else, for a worker, a network its fabric
+    names that does not exist (`network`: Multus cannot set up its sandbox, and the pod's
+    status says only ContainerCreating)."""
+    causes: list[tuple[PodInfo, Stuck]] = []
+    for pod in sorted(pods, key=lambda p: p.name):
+        if pod.terminating or pod.ready:
+            continue
+        if pod.stuck is not None:
+            causes.append((pod, pod.stuck))
+        elif network is not None and pod.role in labels.WORKER_ROLES:
+            causes.append((pod, (NETWORK_MISSING, network)))
+    return causes
+
+
+def _stuck_condition(
+    causes: Sequence[tuple[PodInfo, Stuck]], network: str | None, workers_short: bool
+) -> ConditionValue:
+    """PodsStuck: the first pod that cannot start without help, by name and its own cause
+    (`causes`); else a network the fabric names that does not exist while a worker pool is
+    short of Ready workers: their pods say only ContainerCreating, or do not exist yet, so
+    the network is named rather than a pod, and the condition does not come and go as they
+    appear."""
+    if causes:
+        pod, (reason, message) = causes[0]
+        others = f"; {len(causes) - 1} more pod(s) stuck" if len(causes) > 1 else ""
+        return ConditionValue(PODS_STUCK, True, reason, f"pod {pod.name}: {message}{others}")
+    if network is not None and workers_short:
+        return ConditionValue(PODS_STUCK, True, NETWORK_MISSING, network)
+    return ConditionValue(PODS_STUCK, False, "NoPodStuck")
+
+
+def _stalled_condition(
+    isvc: InferenceService,
+    pods: Sequence[PodInfo],
+    causes: Sequence[tuple[PodInfo, Stuck]],
+    capacity: ConditionValue,
+    now: datetime,
+) -> ConditionValue | None:
+    """Stalled=True once a live pod has not been Ready for longer than spec.progressDeadline,
+    with what keeps it so: its named cause, else the lack of capacity, else the deadline
+    itself (the pod's Events say more). Before the deadline a cause is only reported
+    (PodsStuck, InsufficientCapacity): a pull may succeed on retry, a cluster autoscaler may
+    add nodes. None while no pod is past the deadline."""
+    deadline = isvc.spec.progress_deadline
+    deadline_s = parse_duration(deadline)
+    overdue = [
+        p
+        for p in pods
+        if not p.terminating and not p.ready and _age_s(p.unready_since, now) >= deadline_s
+    ]
+    if not overdue:
+        return None
+    named = {pod.name: cause for pod, cause in causes}
+    pod = min(overdue, key=lambda p: (p.name not in named, not p.lacks_capacity, p.name))
+    if pod.name in named:
+        reason, message = named[pod.name][0], f"pod {pod.name}: {named[pod.name][1]}"
+    elif pod.lacks_capacity:
+        reason, message = INSUFFICIENT_CAPACITY, capacity.message
+    else:
+        reason = NO_PROGRESS
+        message = f"pod {pod.name}: {pod.phase} and not Ready; its Events say why"
+    message += f" (not Ready for more than spec.progressDeadline {deadline})"
+    return ConditionValue(STALLED, True, reason, message)
 
 
 def _router_condition(isvc: InferenceService, observed: Observed) -> ConditionValue:
@@ -117,31 +220,33 @@ def conditions(
 ) -> list[ConditionValue]:
     router = _router_condition(isvc, observed)
     capacity = _capacity_condition(observed.pods)
+    network = _network_problem(isvc, observed)
     pools_ready = all(s["ready"] >= max(1, s["desired"]) for s in roles.values())
     pools_settled = all(s["replicas"] == s["desired"] and not s["draining"] for s in roles.values())
     ready = pools_ready and router.status and writes == 0 and rolled_out(isvc, observed)
-    stuck_since = min(
-        (_age_s(p.unschedulable_since, now) for p in observed.pods if p.unschedulable),
-        default=0.0,
-    )
-    stalled = capacity.status and stuck_since >= STALL_AFTER_S
+    stuck = _stuck_condition(pod_causes(observed.pods, None), network, not pools_ready)
+    causes = pod_causes(observed.pods, network)
+    stalled = _stalled_condition(isvc, observed.pods, causes, capacity, now)
     if ready:
         ready_value = ConditionValue(READY, True, "Serving", _pools_message(roles))
     else:
-        reason = "InsufficientCapacity" if capacity.status else "PoolsNotReady"
+        if stuck.status:
+            reason = PODS_STUCK
+        elif capacity.status:
+            reason = INSUFFICIENT_CAPACITY
+        else:
+            reason = "PoolsNotReady"
         if pools_ready and not router.status:
             reason = "RouterNotReady"
         ready_value = ConditionValue(READY, False, reason, _pools_message(roles))
-    if stalled:
-        reconciling = ConditionValue(RECONCILING, False, "Stalled", capacity.message)
+    if stalled is not None:
+        reconciling = ConditionValue(RECONCILING, False, "Stalled", stalled.message)
     elif not ready or not pools_settled:
         reconciling = ConditionValue(RECONCILING, True, "Progressing", _pools_message(roles))
     else:
         reconciling = ConditionValue(RECONCILING, False, "Reconciled")
-    stalled_value = (
-        ConditionValue(STALLED, True, "InsufficientCapacity", capacity.message)
-        if stalled
-        else ConditionValue(STALLED, False, "Progressing" if not ready else "Reconciled")
+    stalled_value = stalled or ConditionValue(
+        STALLED, False, "Progressing" if not ready else "Reconciled"
     )
     return [
         ready_value,
@@ -149,6 +254,7 @@ def conditions(
         stalled_value,
         router,
         capacity,
+        stuck,
         ConditionValue(SPEC_VALID, True, "Valid"),
     ]
 
@@ -258,6 +364,24 @@ def merge_foreign_condition(
     return [dict(c) for c in conditions if c.get("type") != value.type] + merged
 
 
+def condition_events(
+    previous: Mapping[str, Any] | None, new: Mapping[str, Any]
+) -> list[tuple[str, str]]:
+    """(reason, message) of the Warning Events `new` is news for (EVENT_CONDITIONS): a
+    problem that turned True, or that names another cause. Nothing while it stays as it was:
+    a pass runs on every pod event and every resync."""
+    before = {c.get("type"): c for c in (previous or {}).get("conditions") or ()}
+    events = []
+    for kind, event_reason in EVENT_CONDITIONS:
+        now = next((c for c in new.get("conditions") or () if c.get("type") == kind), None)
+        if now is None or now.get("status") != "True":
+            continue
+        old = before.get(kind) or {}
+        if old.get("status") != "True" or old.get("reason") != now.get("reason"):
+            events.append((event_reason or str(now["reason"]), str(now.get("message") or "")))
+    return events
+
+
 def status_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
     """Whether writing `new` would change anything (the status is written only then)."""
     return dict(old or {}) != dict(new)
@@ -268,14 +392,14 @@ def status_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> boo
 POD_COUNTS = ("replicas", "ready", "pending", "draining", "summary")
 # Conditions that follow a start-up from one step to the next (pods scheduled, pools ready,
 # the router available): while the service is not Ready before and after, their changes are
-# progress too. Stalled and SpecValid report a problem, so they always go out at once.
+# progress too. Stalled, SpecValid and PodsStuck report a problem, so they always go out at once.
 STARTUP_CONDITIONS = (READY, RECONCILING, ROUTER_READY, INSUFFICIENT_CAPACITY)
 
 
 def progress_only(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
     """Whether `new` differs from `old` only in the pools' pod counts, the condition messages
     that quote them and, while Ready stays False, the start-up conditions: Ready did not
-    flip, Stalled and SpecValid did not change, and no decision (a pool's `desired`, the
+    flip, Stalled, SpecValid and PodsStuck did not change, and no decision (a pool's `desired`, the
     autoscaler's blocks) or preflight record changed."""
     starting = old is not None and _not_ready(old) and _not_ready(new)
 
