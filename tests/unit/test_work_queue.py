@@ -154,6 +154,7 @@ def _api_error(status: int, headers: dict[str, str] | None = None) -> ApiExcepti
     ("error", "want"),
     [
         (_api_error(409), (1.0, True)),
+        (_api_error(404), (1.0, True)),  # deleted during the pass: quiet, looked at again
         (_api_error(429, {"Retry-After": "3"}), (3.0, True)),
         (_api_error(429, {"Retry-After": "0"}), (1.0, True)),  # never a hot loop
         (_api_error(429, {"Retry-After": "3600"}), (60.0, True)),  # nor a stuck service

@@ -165,7 +165,12 @@ class WorkQueue:
                 self.come_back(key, getattr(result, "requeue_after_s", None))
             except Exception as error:  # one bad object must never stop the others
                 delay, expected = retry_after(error)
-                if expected:
+                if getattr(error, "status", None) == 404:
+                    # The service or a pod went while the pass ran (a deletion during a
+                    # drain): the next pass sees it gone, there is nothing to warn about.
+                    gone = getattr(error, "reason", "")
+                    log.info("reconcile of %s/%s: %s; looking again", *key, gone)
+                elif expected:
                     log.warning("reconcile of %s/%s: %s; retrying in %.0fs", *key, error, delay)
                 else:
                     log.exception("reconcile of %s/%s failed; retrying in %.0fs", *key, delay)
@@ -181,12 +186,12 @@ MAX_RETRY_AFTER_S = 60.0
 def retry_after(error: BaseException) -> tuple[float, bool]:
     """(seconds until the next pass, whether the failure is an expected API answer).
 
-    A 409 (someone wrote the object in between) is retried at once, since the next pass reads
-    the newer state; a 429 waits what the API server's Retry-After asks (its priority and
-    fairness sets it), within bounds. Anything else waits a fixed delay and is logged with
-    its traceback."""
+    A 409 (someone wrote the object in between) or a 404 (it went meanwhile) is retried at
+    once, since the next pass reads the newer state; a 429 waits what the API server's
+    Retry-After asks (its priority and fairness sets it), within bounds. Anything else waits
+    a fixed delay and is logged with its traceback."""
     status = getattr(error, "status", None)
-    if status == 409:
+    if status in (404, 409):
         return 1.0, True
     if status == 429:
         headers = getattr(error, "headers", None) or {}

@@ -99,3 +99,55 @@ def test_the_event_names_its_object_and_is_cut_to_the_api_limit() -> None:
     assert body["metadata"] == {"generateName": "svc.", "namespace": "ns"}
     assert body["type"] == "Warning" and body["source"] == {"component": "pdfleet-operator"}
     assert len(body["message"]) == 1024
+
+
+class Recorder:
+    """Stands in for KubeWriter._call: names each posted Event, keeps every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, Any]] = []
+        self.expired: set[str] = set()
+
+    def call(self, method: str, path: str, body: Any = None, **_: Any) -> dict[str, Any]:
+        self.calls.append((method, path, body))
+        if method == "PATCH" and path.rpartition("/")[2] in self.expired:
+            raise ApiException(status=404, reason="Not Found")
+        return {"metadata": {"name": f"svc.{len(self.calls)}"}}
+
+
+def test_a_repeated_event_counts_up_on_the_one_posted(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = Recorder()
+    writer = KubeWriter(api=None)  # type: ignore[arg-type]
+    monkeypatch.setattr(writer, "_call", server.call)
+    for i in range(3):  # a pass apart each: two posters may take two of a burst at once
+        writer.event(SERVICE, "MetricsUnavailable", "MetricsMissing: no series", "Warning")
+        _wait_for(lambda n=i + 1: len(server.calls) == n)
+    writer.event(SERVICE, "MetricsUnavailable", "MetricsStale: 600s old", "Warning")
+    _wait_for(lambda: len(server.calls) == 4)
+    methods = [(m, p.rpartition("/")[2]) for m, p, _ in server.calls]
+    assert methods == [("POST", "events"), ("PATCH", "svc.1"), ("PATCH", "svc.1"),
+                       ("POST", "events")]  # fmt: skip
+    assert [body["count"] for _, _, body in server.calls[1:3]] == [2, 3]
+
+
+def test_an_expired_event_starts_a_new_series(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = Recorder()
+    writer = KubeWriter(api=None)  # type: ignore[arg-type]
+    monkeypatch.setattr(writer, "_call", server.call)
+    writer.event(SERVICE, "Stalled", "pod x: ImagePullBackOff", "Warning")
+    _wait_for(lambda: len(server.calls) == 1)
+    server.expired.add("svc.1")  # the API server's Event TTL removed it
+    writer.event(SERVICE, "Stalled", "pod x: ImagePullBackOff", "Warning")
+    _wait_for(lambda: len(server.calls) == 3)
+    assert [c[0] for c in server.calls] == ["POST", "PATCH", "POST"]
+
+
+def test_a_series_is_forgotten_after_its_window() -> None:
+    series = api.EventSeries(window_s=600.0, kept=2)
+    key = ("u-1", "Warning", "Stalled", "m")
+    series.posted(key, "svc.a", now=0.0)
+    assert series.repeat(key, now=10.0) == ("svc.a", 2)
+    assert series.repeat(key, now=700.0) is None  # 690 s after it was last seen
+    for i in range(3):
+        series.posted((f"u-{i}", "Normal", "Scaled", "m"), f"e{i}", now=0.0)
+    assert series.repeat(("u-0", "Normal", "Scaled", "m"), now=1.0) is None  # only 2 kept

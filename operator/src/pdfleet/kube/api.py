@@ -11,6 +11,8 @@ import logging
 import queue
 import re
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -74,6 +76,12 @@ POOL_SIZE = 32
 # recorder does, a bounded backlog drops new Events rather than grow without end.
 EVENT_POSTERS = 2
 EVENT_BACKLOG = 1000
+# An Event repeated (same object, type, reason and message) within this long counts up on the
+# one already posted, as client-go's event correlator does, instead of adding another: a
+# condition that flaps or a Warning re-sent on a retry stays one line in `kubectl describe`.
+EVENT_SERIES_S = 600.0
+# Series remembered at once (least recently repeated forgotten first).
+EVENT_SERIES_KEPT = 4096
 
 
 def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
@@ -140,6 +148,7 @@ class KubeWriter:
         self._events: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=EVENT_BACKLOG)
         self._posters: list[threading.Thread] = []
         self._posters_guard = threading.Lock()
+        self._series = EventSeries()
 
     def _call(
         self,
@@ -238,8 +247,7 @@ class KubeWriter:
         while True:
             body = self._events.get()
             try:
-                namespace = body["metadata"]["namespace"]
-                self._call("POST", KINDS["Event"].collection(namespace), body=body)
+                self._record(body)
             except Exception as error:  # a poster outlives any one failure
                 log.warning(
                     "could not record event %s on %s: %s",
@@ -247,6 +255,62 @@ class KubeWriter:
                 )  # fmt: skip
             finally:
                 self._events.task_done()
+
+    def _record(self, body: dict[str, Any]) -> None:
+        """Post the Event, or count it on the one already posted for its series. (Two
+        posters that take two Events of one series at once post both: a rare second line,
+        not worth serializing every post for.)"""
+        collection = KINDS["Event"].collection(body["metadata"]["namespace"])
+        key = series_key(body)
+        repeat = self._series.repeat(key, time.monotonic())
+        if repeat is not None:
+            name, count = repeat
+            patch = {"count": count, "lastTimestamp": body["lastTimestamp"]}
+            try:
+                self._call("PATCH", f"{collection}/{name}", body=patch,
+                           content_type="application/merge-patch+json")  # fmt: skip
+                return
+            except ApiException as error:
+                if error.status != 404:  # an Event past its TTL: a new one below
+                    raise
+        posted = self._call("POST", collection, body=body)
+        self._series.posted(key, str(posted.get("metadata", {}).get("name", "")), time.monotonic())
+
+
+SeriesKey = tuple[str, str, str, str]
+
+
+def series_key(body: Mapping[str, Any]) -> SeriesKey:
+    """What makes two Events one series: the object (by uid), type, reason and message."""
+    involved = body["involvedObject"]
+    return (str(involved.get("uid")), body["type"], body["reason"], body["message"])
+
+
+class EventSeries:
+    """Events posted lately, by series: their name, count and when last seen (monotonic)."""
+
+    def __init__(self, window_s: float = EVENT_SERIES_S, kept: int = EVENT_SERIES_KEPT):
+        self.window_s, self.kept = window_s, kept
+        self._seen: OrderedDict[SeriesKey, tuple[str, int, float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def repeat(self, key: SeriesKey, now: float) -> tuple[str, int] | None:
+        """(name, new count) when `key` was posted within the window, counted; else None."""
+        with self._lock:
+            seen = self._seen.get(key)
+            if seen is None or not seen[0] or now - seen[2] > self.window_s:
+                return None
+            name, count = seen[0], seen[1] + 1
+            self._seen[key] = (name, count, now)
+            self._seen.move_to_end(key)
+            return name, count
+
+    def posted(self, key: SeriesKey, name: str, now: float) -> None:
+        with self._lock:
+            self._seen[key] = (name, 1, now)
+            self._seen.move_to_end(key)
+            while len(self._seen) > self.kept:
+                self._seen.popitem(last=False)
 
 
 def _involved_name(event: Mapping[str, Any]) -> str:
