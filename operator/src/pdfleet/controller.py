@@ -340,6 +340,17 @@ class Controller:
             autoscale_after = self.autoscaler.come_back_s(isvc)
         applied, requeue = self._drain(body, isvc, observed, desired_replicas(isvc, previous))
         replicas, child_plan = plan(isvc, observed, previous, self.config, applied, self._rendered)
+        planned = len(child_plan.apply) + len(child_plan.delete)
+        if planned and not (original or {}).get("observedGeneration"):
+            # A service's first status goes out before its children: until a status shows
+            # observedGeneration, kstatus (Flux, kubectl wait --for) reads a custom resource
+            # as Current, and a burst of creations queues the passes that write a dozen
+            # children each. It is the status the end of this pass would write, so that
+            # write is then skipped, not repeated.
+            first = compute_status(isvc, observed, previous, replicas, now, planned)
+            if self._write_status(body, original, first).status_written:
+                self._report_problems(body, original, first)
+            original = first
         for key in child_plan.delete:
             self.writer.delete(key[0], key[1], namespace)
         for manifest, outcome in self._apply_in_waves(child_plan.apply, namespace):
@@ -376,14 +387,19 @@ class Controller:
         metrics.export_status(namespace, name, new)
         result = self._write_status(body, original, new, coalesce=True)
         if result.status_written:
-            # A problem that turned True or names another cause goes out with the status that
-            # says so (reconcile/status.condition_events): a write that waits (progress
-            # coalescing) takes its Events along, instead of every pass meanwhile sending them.
-            for reason, message in condition_events(original, new):
-                self.writer.event(body, reason, message, "Warning")
+            self._report_problems(body, original, new)
         pending = (requeue, autoscale_after, preflight_after, result.requeue_after_s)
         requeue = min((t for t in pending if t is not None), default=None)
         return PassResult(writes, len(child_plan.delete), result.status_written, requeue)
+
+    def _report_problems(
+        self, body: Mapping[str, Any], old: Mapping[str, Any] | None, new: Mapping[str, Any]
+    ) -> None:
+        """A problem that turned True or names another cause goes out with the status that
+        says so (reconcile/status.condition_events): a write that waits (progress
+        coalescing) takes its Events along, instead of every pass meanwhile sending them."""
+        for reason, message in condition_events(old, new):
+            self.writer.event(body, reason, message, "Warning")
 
     def _apply_in_waves(
         self, manifests: Sequence[Manifest], namespace: str

@@ -80,7 +80,7 @@ def test_names_and_columns() -> None:
     assert names["kind"] == "InferenceService"
     assert "isvc" not in names["shortNames"]
     columns = [c["name"] for c in crd()["spec"]["versions"][0]["additionalPrinterColumns"]]
-    assert columns[:6] == ["Prefill", "Decode", "TTFT", "ITL", "Ready", "Age"]
+    assert columns[:8] == ["Prefill", "Decode", "TTFT", "ITL", "Ready", "Reason", "Stalled", "Age"]
     assert crd()["spec"]["versions"][0]["subresources"] == {"status": {}}
 
 

@@ -13,6 +13,7 @@ from pdfleet.autoscale.metrics import (
     parse_buckets,
     parse_sample,
     parse_scalar,
+    query_error,
     to_role_metrics,
 )
 from pdfleet.autoscale.policy import PolicyConfig, metrics_problem
@@ -194,6 +195,18 @@ def test_a_failed_histogram_query_leaves_the_policy_its_window() -> None:
 def test_source_down_means_missing() -> None:
     w = PrometheusSource("http://prom", client=_Fake(fail=True)).window("n", "s", 10.0, 95, 60)
     assert w.prefill is None and w.decode is None
+    assert w.problem == "Prometheus http://prom: ConnectionError: down"
+
+
+def test_a_failed_query_is_told_without_the_query_the_client_repeats() -> None:
+    error = ConnectionError(
+        "HTTPConnectionPool(host='p', port=9090): Max retries exceeded with url: "
+        "/api/v1/query?query=histogram_quantile%280.9%2C+sum+by+%28le%29 (Caused by timeout)"
+    )
+    assert query_error(error) == (
+        "ConnectionError: HTTPConnectionPool(host='p', port=9090): Max retries exceeded with "
+        "url: /api/v1/query (Caused by timeout)"
+    )
 
 
 class _Answers:

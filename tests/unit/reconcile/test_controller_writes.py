@@ -41,3 +41,17 @@ def test_the_workloads_of_a_pass_are_written_at_once_after_what_they_use() -> No
     first_workload = min(i for i, kind in enumerate(kinds) if kind in WORKLOADS)
     assert all(kind in WORKLOADS for kind in kinds[first_workload:])
     assert sorted(kinds[first_workload:]) == ["Deployment", "StatefulSet", "StatefulSet"]
+
+
+def test_a_new_services_status_goes_out_before_its_children_and_once() -> None:
+    """Until a status shows observedGeneration, kstatus reads a new service as Current: the
+    first pass writes it first, and does not write the same status again at its end."""
+    body = sample("minimal")
+    body["metadata"].update(namespace="ns", uid="u1", generation=1)
+    writer = Writer()
+    Controller(writer, clock=lambda: NOW).reconcile(body, Observed())  # type: ignore[arg-type]
+    calls = [call for call, _ in writer.calls if call in ("status", "apply")]
+    assert calls[0] == "status" and calls.count("status") == 1 and calls.count("apply") == 12
+    assert writer.last_status["observedGeneration"] == 1
+    reconciling = next(c for c in writer.last_status["conditions"] if c["type"] == "Reconciling")
+    assert reconciling["status"] == "True"

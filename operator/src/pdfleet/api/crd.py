@@ -143,6 +143,21 @@ PRINTER_COLUMNS = [
         "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
         "description": "Whether the service serves within its spec.",
     },
+    # Ready's reason tells a start-up (PoolsNotReady) from a fleet that waits on help
+    # (PodsStuck, InsufficientCapacity), and Stalled says when the operator has given up
+    # waiting: READY False alone looks the same in all three.
+    {
+        "name": "Reason",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+        "description": "Why the service is (not) Ready.",
+    },
+    {
+        "name": "Stalled",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Stalled")].status',
+        "description": "Whether the fleet cannot converge without help (see the reason).",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {
         "name": "Endpoint",

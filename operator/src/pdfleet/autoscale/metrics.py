@@ -14,6 +14,7 @@ attainment unknown.
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -110,6 +111,13 @@ def to_role_metrics(values: Mapping[str, float | None]) -> RoleMetrics | None:
     )
 
 
+def query_error(error: Exception) -> str:
+    """A failed query in a line: the error's type and text, without the query string the
+    HTTP client repeats in it (a PromQL expression, URL-encoded, hundreds of characters)."""
+    text = re.sub(r"/api/v1/query\?\S*", "/api/v1/query", str(error))
+    return f"{type(error).__name__}: {text}"[:300]
+
+
 # Queries of one window in flight at once: a window is about twenty queries, and one after
 # the other they took a second or more against a loaded Prometheus.
 QUERIES_AT_ONCE = 4
@@ -173,9 +181,7 @@ class PrometheusSource:
             )
             for role in ("prefill", "decode")
         }
-        problem = ""
-        if failed:
-            problem = f"Prometheus {self._url}: {type(failed[0]).__name__}: {failed[0]}"
+        problem = f"Prometheus {self._url}: {query_error(failed[0])}" if failed else ""
         return MetricsWindow(
             at_s=min(times, default=now_s),
             window_s=window_s,
