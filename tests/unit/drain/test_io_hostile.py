@@ -13,6 +13,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from pdfleet import httpclient
 from pdfleet.drain.io import (
     RouterError,
     RouterFleet,
@@ -172,3 +173,30 @@ def test_a_decode_pulling_kv_counts_once() -> None:
     )
     client = httpx.Client(transport=httpx.MockTransport(_answer(200, page, "/metrics")))
     assert read_engine(client, WORKER, "decode") == (3.0, 0.0)
+
+
+def test_a_router_that_times_out_is_not_waited_for_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drain polls every half second: a router that never answers costs one timeout per
+    SILENT_FOR_S, not one per pass; it reads as unknown meanwhile, as the timeout did."""
+    clock = [0.0]
+    monkeypatch.setattr(httpclient, "SILENT", httpclient.SilentHosts(clock=lambda: clock[0]))
+    asked: list[str] = []
+
+    def silent_router(request: httpx.Request) -> httpx.Response:
+        asked.append(str(request.url))
+        if request.url.host == "10.244.0.9":
+            raise httpx.ReadTimeout("timed out", request=request)
+        return httpx.Response(200, text="vllm:num_requests_running 0\n")
+
+    fleet = _fleet(silent_router)
+    for _ in range(3):
+        load = read_loads(fleet, {"d-1": (WORKER, "decode")})["d-1"]
+        assert load.registered is None and load.router_in_flight is None
+        assert not load.idle("decode")
+        with pytest.raises(RouterError):
+            fleet.deregister(WORKER)
+    router_asks = [url for url in asked if "10.244.0.9" in url]
+    assert len(router_asks) == 2  # /workers and /metrics once each, at the first pass
+    clock[0] += httpclient.SILENT_FOR_S
+    read_loads(fleet, {"d-1": (WORKER, "decode")})
+    assert len([url for url in asked if "10.244.0.9" in url]) == 4  # asked again

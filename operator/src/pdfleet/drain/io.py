@@ -131,6 +131,22 @@ class RouterError(Exception):
     """A router replica could not be read or did not confirm a removal."""
 
 
+class SilentHostError(httpx.TransportError):
+    """A host that recently let a request time out: not asked again yet."""
+
+
+def request(client: httpx.Client, method: str, url: str) -> httpx.Response:
+    """One request, refused at once for a host that let one time out lately (it is then
+    unknown to the drain, as a timeout is, without waiting the timeout out again)."""
+    if httpclient.SILENT.silent(url):
+        raise SilentHostError(f"{url}: timed out lately; not asked again yet")
+    try:
+        return client.request(method, url)
+    except httpx.TimeoutException:
+        httpclient.SILENT.timed_out(url)
+        raise
+
+
 class RouterFleet:
     """Every replica of one service's router, through one HTTP client."""
 
@@ -146,7 +162,7 @@ class RouterFleet:
 
     def workers(self, replica: RouterReplica) -> set[str]:
         try:
-            resp = self.client.get(f"{replica.admin_url}/workers")
+            resp = request(self.client, "GET", f"{replica.admin_url}/workers")
             resp.raise_for_status()
             return parse_workers(resp.json())
         except (httpx.HTTPError, ValueError) as error:
@@ -174,7 +190,8 @@ class RouterFleet:
         for replica in self.replicas:
             try:
                 if url in self.workers(replica):
-                    self.client.delete(f"{replica.admin_url}/workers/{path}").raise_for_status()
+                    url_path = f"{replica.admin_url}/workers/{path}"
+                    request(self.client, "DELETE", url_path).raise_for_status()
                 if url in self.workers(replica):
                     failures.append(f"{replica.admin_url}: still lists {url}")
             except (httpx.HTTPError, RouterError) as error:
@@ -188,7 +205,7 @@ class RouterFleet:
         complete = True
         for replica in self.replicas:
             try:
-                resp = self.client.get(f"{replica.metrics_url}/metrics")
+                resp = request(self.client, "GET", f"{replica.metrics_url}/metrics")
                 resp.raise_for_status()
                 pages.append(parse_router_gauges(resp.text))
             except (httpx.HTTPError, ValueError) as error:
@@ -201,7 +218,7 @@ def read_engine(client: httpx.Client, url: str, role: str) -> tuple[float | None
     """(in-flight, KV blocks awaiting a pull) of one worker; an engine that refuses the
     connection holds nothing any more (0, 0), a slow or broken one is unknown (None)."""
     try:
-        resp = client.get(f"{url}/metrics")
+        resp = request(client, "GET", f"{url}/metrics")
         resp.raise_for_status()
         in_flight, kv_usage = parse_engine(resp.text)
     except httpx.ConnectError:
@@ -214,7 +231,7 @@ def read_engine(client: httpx.Client, url: str, role: str) -> tuple[float | None
     # pdfleet-sim says exactly how many finished prefills still hold KV for a decode. vLLM
     # has no such gauge: on an idle prefill, blocks still in use are blocks held for a pull.
     try:
-        stats = client.get(f"{url}/sim/stats")
+        stats = request(client, "GET", f"{url}/sim/stats")
         if stats.status_code == 200:
             return in_flight, parse_held(stats.json())
     except (httpx.HTTPError, ValueError):
