@@ -80,12 +80,10 @@ test-drain: $(STAMP) toolchain ## Drain cycles, a scale-up during a drain, kubec
 test-image: $(STAMP) engine ## The worker image's Python environment, resolved from PyPI.
 	$(PYTEST) $(IMAGE_TESTS)
 
-# Not yet in `make test`: on a 2-core machine a decode sometimes reads its KV after the
-# prefill's 30 s lease (2 of 4 clean-clone runs), which the tier rightly counts as a fault.
 test-engine: test-image toolchain ## Real vLLM on the local cluster (~10 min), after test-image.
 	$(NETNS) $(PYTEST) $(ENGINE_TESTS)
 
-test: verify test-integration test-e2e test-scenarios test-drain test-image ## Everything CI runs.
+test: verify test-integration test-e2e test-scenarios test-drain test-engine ## Everything CI runs.
 
 bench-scale: $(STAMP) toolchain ## 1,000 InferenceServices on the local cluster, measured (BENCH_SCALE_ARGS=--services 100).
 	$(NETNS) $(PY) -m e2e.bench_scale $(BENCH_SCALE_ARGS)

@@ -325,7 +325,9 @@ def drain_answers(url: str, model: str, terminate: Callable[[], None]) -> dict[s
     """What an engine answers once it is told to stop while a request is in flight:
     ``terminate()`` sends the SIGTERM after a long stream started; then a new request,
     ``/health`` and ``/metrics`` are tried, and the stream is read to its end."""
-    body = {"model": model, "prompt": PROMPT, "max_tokens": 600, "ignore_eos": True,
+    # Long enough to be in flight while the probes run, short enough to end within the
+X
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 300, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     streamed: dict[str, Any] = {}
 
