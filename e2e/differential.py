@@ -326,7 +326,7 @@ def drain_answers(url: str, model: str, terminate: Callable[[], None]) -> dict[s
     ``terminate()`` sends the SIGTERM after a long stream started; then a new request,
     ``/health`` and ``/metrics`` are tried, and the stream is read to its end."""
     # Long enough to be in flight while the probes run, short enough to end within the
-X
+    # engine's 30 s --shutdown-timeout on a loaded 2-core machine.
     body = {"model": model, "prompt": PROMPT, "max_tokens": 300, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     streamed: dict[str, Any] = {}
