@@ -20,8 +20,8 @@ from kubernetes import client
 
 from e2e.cluster import Cluster
 from e2e.operator_process import OperatorProcess
-from pdfleet.controller import RECENT_WRITE_S
 from pdfleet.preflight.plan import KV_TRANSPORT_READY
+from pdfleet.reconcile.memory import RECENT_WRITE_S
 from tests.integration.kube_helpers import condition, get_isvc, wait_for, wait_ready
 from tests.spec_cases import merge_patch, sample
 from tests.unit.chart.test_argocd_health import run_health_check

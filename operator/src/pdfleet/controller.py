@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -23,38 +21,27 @@ from typing import Any
 import pydantic
 from kubernetes.client.exceptions import ApiException
 
-from pdfleet import httpclient, labels, metrics
+from pdfleet import labels, metrics
 from pdfleet.api.rules import error_paths
-from pdfleet.api.types import parse_duration
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.autoscale.actuator import Autoscaler
-from pdfleet.drain.executor import execute as execute_drain
-from pdfleet.drain.io import RouterFleet, read_loads, router_replicas
-from pdfleet.drain.plan import (
-    Action,
-    Kind,
-    Stage,
-    needs_io,
-    plan_drain,
-    worker_url,
-)
+from pdfleet.drain.step import step as drain_step
 from pdfleet.kube.api import KubeWriter
-from pdfleet.preflight import io as preflight_io
-from pdfleet.preflight import plan as preflight
+from pdfleet.preflight.step import step as preflight_step
+from pdfleet.reconcile.memory import RECENT_WRITE_S, Memories, Pass
 from pdfleet.reconcile.observed import (
     ChildRef,
     Observed,
-    PodInfo,
     child_ref,
     index_lags,
     overlay,
-    with_marks,
 )
 from pdfleet.reconcile.plan import RenderCache, desired_replicas, plan, write_waves
 from pdfleet.reconcile.status import (
     READY,
     compute_status,
     condition_events,
+    condition_status,
     invalid_status,
     merge_foreign_condition,
     progress_interval_s,
@@ -62,17 +49,9 @@ from pdfleet.reconcile.status import (
     status_changed,
 )
 from pdfleet.render import Manifest, RenderConfig
-from pdfleet.render.common import child_name
-from pdfleet_worker.preflight.plan import PreflightResult, failed
 
 log = logging.getLogger(__name__)
 
-# How long a child we wrote stands in for the watch index's copy (which lags by a moment);
-# long enough for any watch event, short enough that a child deleted meanwhile comes back.
-RECENT_WRITE_S = 10.0
-# How long a written workload is remembered: its generation tells a lagging index from a
-# newer object (reconcile/observed.index_lags), so it can stand in for as long as the lag.
-WRITTEN_KEEP_S = 300.0
 INDEX_LAG_WARN_S = 5.0
 # A status change that is only progress (pod counts, and the steps of a start-up while Ready
 # stays False: reconcile/status.progress_only) waits until this long after the service's last
@@ -93,21 +72,12 @@ STARTUP_COALESCE_MAX_S = 60.0
 # Child writes in flight at once, over all passes (the API client's connection pool is sized
 # for these, the passes' own status writes and the lease).
 WRITES_IN_FLIGHT = 8
-# How soon a pass looks again at a preflight run it left in flight.
-PREFLIGHT_POLL_S = 1.0
 # API answers that refuse a child until someone changes the spec (400, 422: malformed or
 # invalid) or the operator's rights (403: e.g. a chart older than a kind the spec asks for):
 # retrying at once cannot help, the periodic resync tries again.
 REJECTED = (400, 403, 422)
 CHILD_REJECTED = "ChildRejected"
 TYPED_PATCH_FAILURE = "failed to create typed patch object"
-
-# How long a reported drain is remembered (its Event and metric are recorded once).
-REPORTED_KEEP_S = 3600.0
-
-# While a pool drains, the next pass comes this soon: in-flight gauges change no Kubernetes
-# object, so no watch event would wake the controller when a worker goes idle.
-DRAIN_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -124,13 +94,6 @@ def _described(manifest: Mapping[str, Any]) -> str:
     described = f"{manifest['kind']} {manifest['metadata']['name']}"
     replicas = (manifest.get("spec") or {}).get("replicas")
     return described if replicas is None else f"{described} (replicas {replicas})"
-
-
-def _condition_status(status: Mapping[str, Any] | None, kind: str) -> str | None:
-    for condition in (status or {}).get("conditions") or ():
-        if condition.get("type") == kind:
-            return str(condition.get("status"))
-    return None
 
 
 def is_rejection(error: ApiException) -> bool:
@@ -168,15 +131,6 @@ def _status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict
     return {**{key: None for key in (old or {}) if key not in new}, **new}
 
 
-@dataclass(frozen=True)
-class _PreflightRun:
-    """A preflight run in flight for one service: which spec and pods it measures."""
-
-    fingerprint: str
-    pair: tuple[PodInfo, PodInfo]
-    result: Future[PreflightResult]
-
-
 class Controller:
     """Reconciles InferenceServices through a KubeWriter. Thread-safe per object."""
 
@@ -192,42 +146,15 @@ class Controller:
         self.autoscaler = autoscaler
         self.config = config or RenderConfig()
         self.clock = clock
-        self._locks: dict[tuple[str, str], threading.Lock] = {}
-        self._locks_guard = threading.Lock()
-        self._written: dict[tuple[str, str], dict[tuple[str, str], tuple[ChildRef, float]]] = {}
-        # The last status this operator wrote per service, with when (monotonic), kept while
-        # it may stand in for the watch index's copy (RECENT_WRITE_S).
-        self._status_written: dict[tuple[str, str], tuple[dict[str, Any], float]] = {}
-        # When each service's status was last written (monotonic), and the services whose
-        # last written status is not Ready: how long a start-up's progress waits.
-        self._status_at: dict[tuple[str, str], float] = {}
-        self._unready: set[tuple[str, str]] = set()
-        self._marks: dict[tuple[str, str], dict[str, tuple[str | None, float]]] = {}
+        # Everything kept per service between passes (reconcile/memory.py).
+        self._memories = Memories()
         self._rendered = RenderCache()
-        # Drains already reported (Event + metric), by service: the StatefulSet's lowered
-        # count may reach the watch index a pass late, and the report must not repeat.
-        self._reported: dict[tuple[str, str], dict[tuple[str, str], float]] = {}
-        # The last KV transport preflight per service: (fingerprint, monotonic time).
-        self._preflight_tried: dict[tuple[str, str], tuple[str, float]] = {}
-        # Runs in flight: a run can take seconds (UCX set-up, a slow fabric) up to its
-        # timeout, and the service's passes (drains, scale-ups) must not wait for it.
-        self._preflight_runs: dict[tuple[str, str], _PreflightRun] = {}
         # Shared by every pass: a wave of one pass's children goes out at once, and the pool
         # bounds the operator's writes in flight (connections to the API server).
         self._writes = ThreadPoolExecutor(max_workers=WRITES_IN_FLIGHT, thread_name_prefix="apply")
         self._preflight_runner = preflight_runner or ThreadPoolExecutor(
             max_workers=4, thread_name_prefix="preflight"
         )
-
-    def _remember(self, key: tuple[str, str], ref: ChildRef) -> None:
-        self._written.setdefault(key, {})[(ref.kind, ref.name)] = (ref, time.monotonic())
-
-    def _recent_writes(self, key: tuple[str, str]) -> dict[tuple[str, str], tuple[ChildRef, float]]:
-        """Children this operator wrote, with their age (see observed.overlay)."""
-        now = time.monotonic()
-        live = {k: v for k, v in self._written.get(key, {}).items() if now - v[1] < WRITTEN_KEEP_S}
-        self._written[key] = live
-        return {k: (ref, now - at) for k, (ref, at) in live.items()}
 
     def _report_index_lag(
         self,
@@ -248,49 +175,12 @@ class Controller:
                     namespace, name, kind, child, seen.generation, age_s, ref.generation,
                 )  # fmt: skip
 
-    def _remember_marks(self, key: tuple[str, str], actions: Sequence[Action]) -> None:
-        """Drain marks this operator just wrote on pods (the pod index shows them late; a
-        pass that missed its own mark would mark again and restart the drain clock)."""
-        expires = time.monotonic() + RECENT_WRITE_S
-        marks = self._marks.setdefault(key, {})
-        for action in actions:
-            if action.kind is Kind.MARK:
-                marks[action.pod] = (action.since, expires)
-            elif action.kind in (Kind.UNMARK, Kind.RECREATE):
-                marks[action.pod] = (None, expires)
-
-    def _recent_marks(self, key: tuple[str, str]) -> dict[str, str | None]:
-        now = time.monotonic()
-        live = {pod: v for pod, v in self._marks.get(key, {}).items() if v[1] > now}
-        self._marks[key] = live
-        return {pod: since for pod, (since, _) in live.items()}
-
-    def _recent_status(self, key: tuple[str, str]) -> dict[str, Any] | None:
-        written = self._status_written.get(key)
-        if written is None or time.monotonic() - written[1] > RECENT_WRITE_S:
-            self._status_written.pop(key, None)
-            return None
-        return written[0]
-
-    def _lock(self, namespace: str, name: str) -> threading.Lock:
-        with self._locks_guard:
-            return self._locks.setdefault((namespace, name), threading.Lock())
-
     def forget(self, namespace: str, name: str) -> None:
         metrics.forget_service(namespace, name)
         if self.autoscaler is not None:
             self.autoscaler.forget(namespace, name)
         self._rendered.forget(namespace, name)
-        with self._locks_guard:
-            self._locks.pop((namespace, name), None)
-            self._reported.pop((namespace, name), None)
-            self._written.pop((namespace, name), None)
-            self._status_written.pop((namespace, name), None)
-            self._status_at.pop((namespace, name), None)
-            self._unready.discard((namespace, name))
-            self._marks.pop((namespace, name), None)
-            self._preflight_tried.pop((namespace, name), None)
-            self._preflight_runs.pop((namespace, name), None)
+        self._memories.forget((namespace, name))
 
     def reconcile(self, body: Mapping[str, Any], observed: Observed) -> PassResult:
         meta = body.get("metadata") or {}
@@ -299,7 +189,7 @@ class Controller:
             # Children go with the owner through garbage collection.
             return PassResult(0, 0, False)
         started = time.monotonic()
-        with self._lock(namespace, name):
+        with self._memories.of((namespace, name)).lock:
             try:
                 return self._reconcile(body, observed)
             except ApiException as error:
@@ -313,7 +203,8 @@ class Controller:
         namespace, name = meta["namespace"], meta["name"]
         # The watch index shows our last status write a moment late; a pass that started from
         # the older status would undo the autoscaler's latest decision.
-        previous = self._recent_status((namespace, name)) or body.get("status")
+        memory = self._memories.of((namespace, name))
+        previous = memory.recent_status() or body.get("status")
         now = self.clock()
         try:
             isvc = InferenceService.model_validate(
@@ -328,7 +219,7 @@ class Controller:
 
         # What this pass plans from: the indexes, with our own writes laid over a lagging index
         # (the autoscaler and the drain read the pools' sizes from it).
-        ours = self._recent_writes((namespace, name))
+        ours = memory.recent_writes()
         self._report_index_lag(namespace, name, observed, ours)
         observed = overlay(observed, ours, RECENT_WRITE_S)
         original = previous
@@ -338,7 +229,8 @@ class Controller:
             # When the next step is due, not a full interval after this pass: the latest pass's
             # come-back replaces the one before (handlers.WorkQueue.come_back).
             autoscale_after = self.autoscaler.come_back_s(isvc)
-        applied, requeue = self._drain(body, isvc, observed, desired_replicas(isvc, previous))
+        this = Pass(body, isvc, observed, now, memory)
+        applied, requeue = drain_step(this, desired_replicas(isvc, previous), self.writer)
         replicas, child_plan = plan(isvc, observed, previous, self.config, applied, self._rendered)
         planned = len(child_plan.apply) + len(child_plan.delete)
         if planned and not (original or {}).get("observedGeneration"):
@@ -369,7 +261,7 @@ class Controller:
                     previous, meta.get("generation"), message, now, reason=CHILD_REJECTED
                 )
                 return self._write_status(body, original, new, CHILD_REJECTED, message)
-            self._remember((namespace, name), child_ref(outcome or manifest))
+            memory.remember(child_ref(outcome or manifest))
         writes = len(child_plan.apply) + len(child_plan.delete)
         metrics.CHILD_WRITES.inc(writes)
         if writes:
@@ -457,168 +349,9 @@ class Controller:
         status: dict[str, Any],
         now: datetime,
     ) -> tuple[dict[str, Any], float | None]:
-        """status.kvTransport and KVTransportReady after a KV transport preflight, when one is
-        due (pdfleet.preflight.plan); and when to come back to retry a run that failed.
-
-        The run is one HTTP call to a decode pod, which READs from a prefill pod over NIXL. It
-        runs beside the passes (`preflight_runner`): a pass starts it when due and a later
-        pass (every PREFLIGHT_POLL_S meanwhile) records its outcome."""
-        record = status.get("kvTransport")
-        key = (str(isvc.metadata.namespace), str(isvc.metadata.name))
-        if not isvc.spec.kv_transfer.preflight.enabled:
-            self._preflight_runs.pop(key, None)
-            return preflight.cleared(status), None
-        fingerprint = preflight.fingerprint(isvc)
-        run = self._preflight_runs.get(key)
-        if run is None or run.fingerprint != fingerprint:  # none in flight for this spec
-            since = self._since_attempt(key, fingerprint)
-            ready = _condition_status(status, READY) == "True"
-            pair = preflight.pick_pair(observed)
-            if pair is None or not preflight.due(isvc, ready, record, since, fingerprint):
-                return status, preflight.retry_after_s(record, since)
-            self._preflight_tried[key] = (fingerprint, time.monotonic())
-            run = self._start_preflight(isvc, fingerprint, pair)
-            self._preflight_runs[key] = run
-        if not run.result.done():
-            return status, PREFLIGHT_POLL_S
-        del self._preflight_runs[key]
-        since = self._since_attempt(key)
-        pair = run.pair
-        try:
-            result = run.result.result()
-        except Exception as err:  # the run's own failure is a result, never a failed pass
-            result = failed(f"preflight run: {type(err).__name__}: {err}")
-        verdict = preflight.verdict(isvc, result, pair)
-        new_record = preflight.record(isvc, result, pair, now)
-        if preflight.same_outcome(record, new_record):
-            return status, preflight.retry_after_s(new_record, since)
-        if preflight.news(status, record, new_record, verdict):
-            kind = "Normal" if verdict.status else "Warning"
-            self.writer.event(body, f"KVTransport{verdict.reason}", verdict.message, kind)
-        log.info(
-            "%s/%s KV transport preflight: %s %s",
-            isvc.metadata.namespace,
-            isvc.metadata.name,
-            verdict.reason,
-            verdict.message,
-        )
-        conditions = merge_foreign_condition(
-            status["conditions"], verdict.condition, isvc.metadata.generation, now
-        )
-        new = {**status, "kvTransport": new_record, "conditions": conditions}
-        return new, preflight.retry_after_s(new_record, since)
-
-    def _since_attempt(self, key: tuple[str, str], fingerprint: str | None = None) -> float | None:
-        """Seconds since this operator last started a preflight of the service (of that
-        fingerprint, when given); None when it has not."""
-        tried = self._preflight_tried.get(key)
-        if tried is None or (fingerprint is not None and tried[0] != fingerprint):
-            return None
-        return time.monotonic() - tried[1]
-
-    def _start_preflight(
-        self, isvc: InferenceService, fingerprint: str, pair: tuple[PodInfo, PodInfo]
-    ) -> _PreflightRun:
-        prefill, decode = pair
-        assert decode.pod_ip is not None
-        port = isvc.spec.kv_transfer.preflight.port
-        url = preflight.listener_url(decode.pod_ip, port) + "/preflight/run"
-        body = preflight.request(isvc, prefill)
-        future = self._preflight_runner.submit(preflight_io.run, url, body, preflight.RUN_TIMEOUT_S)
-        return _PreflightRun(fingerprint, pair, future)
-
-    def _drain(
-        self,
-        body: Mapping[str, Any],
-        isvc: InferenceService,
-        observed: Observed,
-        desired: Mapping[str, int],
-    ) -> tuple[dict[str, int], float | None]:
-        """Replica counts to apply while pools drain (pdfleet.drain), and when to come back.
-
-        Router and worker HTTP happen only while a pool is shrinking or has marked pods: an
-        idle service costs no I/O and no API write here."""
-        key = (str(body["metadata"]["namespace"]), str(body["metadata"]["name"]))
-        observed = with_marks(observed, self._recent_marks(key))
-        applied = dict(desired)
-        active = {}
-        for role in labels.WORKER_ROLES:
-            ref = observed.child("StatefulSet", child_name(isvc, role))
-            current = ref.replicas if ref is not None else None
-            if needs_io(desired[role], current, observed.pods_of(role)):
-                active[role] = current
-        if not active:
-            return applied, None
-        router = isvc.spec.router
-        ips = [
-            p.pod_ip
-            for p in observed.pods_of(labels.ROLE_ROUTER)
-            if p.pod_ip and p.phase == "Running" and not p.terminating
-        ]
-        if router.type != "vllm-router":
-            ips = []  # an external gateway: only the workers' own gauges can be read
-        fleet = RouterFleet(
-            router_replicas(ips, router.port, router.metrics_port), client=httpclient.shared()
-        )
-        port = isvc.spec.engine.port
-        timeout_s = parse_duration(isvc.spec.drain.timeout)
-        now = self.clock()
-        requeue: float | None = None
-        namespace = key[0]
-        # Keyed by (pod, drain start), which never repeats; kept for a while rather than
-        # pruned to the pods seen this pass, so an index that briefly misses a pod cannot
-        # make its drain be reported twice.
-        reported = {
-            k: at
-            for k, at in self._reported.get(key, {}).items()
-            if time.monotonic() - at < REPORTED_KEEP_S
-        }
-        try:
-            # One reading for both pools: the routers are asked once per pass, and the
-            # workers all at once (drain/io.read_loads), so a pass stays short under load.
-            marked = {
-                p.name: (url, role)
-                for role in active
-                for p in observed.pods_of(role)
-                if p.draining_since and not p.terminating and (url := worker_url(p, port))
-            }
-            loads = read_loads(fleet, marked)
-            for role, current in active.items():
-                pods = observed.pods_of(role)
-                drain = plan_drain(
-                    role, desired[role], current, pods, loads, now, timeout_s, port,
-                    finished=reported.keys(),
-                )  # fmt: skip
-                outcome = execute_drain(drain, role, namespace, body, self.writer, fleet)
-                self._remember_marks(key, drain.actions)
-                reported.update(
-                    ((a.pod, a.since or ""), time.monotonic()) for a in outcome.finished
-                )
-                applied[role] = drain.replicas
-                if drain.actions or drain.active:
-                    requeue = DRAIN_POLL_S
-                    waiting = {
-                        pod: loads[pod].holding(role)
-                        for pod, stage in drain.stages.items()
-                        if stage is Stage.DEREGISTERED and pod in loads
-                    }
-                    log.info(
-                        "%s/%s %s drain: replicas %s -> %s, stages %s, deregistered %s, "
-                        "failed %s, waiting on %s",
-                        isvc.metadata.namespace,
-                        isvc.metadata.name,
-                        role,
-                        current,
-                        drain.replicas,
-                        {k: v.value for k, v in drain.stages.items()},
-                        list(outcome.deregistered),
-                        list(outcome.failed),
-                        waiting,
-                    )
-        finally:
-            fleet.close()
-            self._reported[key] = reported
-        return applied, requeue
+        memory = self._memories.of((str(isvc.metadata.namespace), str(isvc.metadata.name)))
+        this = Pass(body, isvc, observed, now, memory)
+        return preflight_step(this, status, self.writer, self._preflight_runner)
 
     def _write_status(
         self,
@@ -637,26 +370,21 @@ class Controller:
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         now = time.monotonic()
-        ready = _condition_status(new, READY) == "True"
+        ready = condition_status(new, READY) == "True"
         if coalesce and progress_only(previous, new):
             interval = STATUS_COALESCE_S
             if not ready:
                 interval = progress_interval_s(
-                    len(self._unready), STATUS_COALESCE_S, STARTUP_PROGRESS_PER_S,
+                    self._memories.unready(), STATUS_COALESCE_S, STARTUP_PROGRESS_PER_S,
                     STARTUP_COALESCE_MAX_S,
                 )  # fmt: skip
-            wait = self._status_at.get(key, -math.inf) + interval - now
+            wait = self._memories.of(key).status_at + interval - now
             if wait > 0:
                 return PassResult(0, 0, False, requeue_after_s=wait)
         self.writer.patch_status(meta["namespace"], meta["name"], _status_patch(previous, new))
-        self._status_written[key] = (dict(new), now)
-        self._status_at[key] = now
-        if ready:
-            self._unready.discard(key)
-        else:
-            self._unready.add(key)
+        self._memories.status_written(key, dict(new), ready)
         metrics.STATUS_WRITES.inc()
-        if event_reason and _condition_status(previous, "SpecValid") != "False":
+        if event_reason and condition_status(previous, "SpecValid") != "False":
             self.writer.event(body, event_reason, event_message, "Warning")
         return PassResult(0, 0, True)
 

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from pdfleet import labels
-from pdfleet.controller import DRAIN_POLL_S, Controller
+from pdfleet.controller import Controller
 from pdfleet.drain import io as drain_io
+from pdfleet.drain.step import DRAIN_POLL_S
 from pdfleet.reconcile.observed import Observed, PodInfo, observed_from
 from pdfleet.reconcile.plan import desired_replicas, with_hash
 from pdfleet.render import render_children
@@ -56,7 +57,7 @@ def no_http(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         attempts.append(f"read {sorted(workers)}")
         return {}
 
-    monkeypatch.setattr("pdfleet.controller.read_loads", fake_read_loads)
+    monkeypatch.setattr("pdfleet.drain.step.read_loads", fake_read_loads)
     monkeypatch.setattr(drain_io.RouterFleet, "deregister", lambda self, url: attempts.append(url))
     return attempts
 

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from pdfleet.api.v1alpha1 import InferenceService
-from pdfleet.controller import PREFLIGHT_POLL_S, Controller
+from pdfleet.controller import Controller
 from pdfleet.preflight import plan
+from pdfleet.preflight.step import PREFLIGHT_POLL_S
 from pdfleet.reconcile.observed import Observed, PodInfo
 from pdfleet_worker.preflight.plan import PreflightResult, failed
 from tests.spec_cases import merge_patch, sample
@@ -60,7 +61,7 @@ def _controller(writer: Writer) -> Controller:
 @pytest.fixture
 def runs(monkeypatch: pytest.MonkeyPatch) -> Runs:
     fake = Runs(TCP)
-    monkeypatch.setattr("pdfleet.controller.preflight_io.run", fake)
+    monkeypatch.setattr("pdfleet.preflight.io.run", fake)
     return fake
 
 
@@ -112,7 +113,7 @@ def test_a_failed_run_is_retried_later_without_rewriting_the_status(
     body = _body()
     start = time.monotonic()
     clock = [start]
-    monkeypatch.setattr("pdfleet.controller.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("pdfleet.preflight.step.time.monotonic", lambda: clock[0])
     status, after = _step(controller, body, _status(True))
     assert _condition(status)["reason"] == "PreflightFailed" and after == plan.RETRY_S
     clock[0] = start + 20
@@ -143,7 +144,7 @@ def test_a_pass_never_waits_for_a_run(runs: Runs, monkeypatch: pytest.MonkeyPatc
         release.wait(10)
         return runs(url, body, timeout_s)
 
-    monkeypatch.setattr("pdfleet.controller.preflight_io.run", slow)
+    monkeypatch.setattr("pdfleet.preflight.io.run", slow)
     pool = ThreadPoolExecutor(max_workers=1)
     controller = Controller(Writer(), preflight_runner=pool)  # type: ignore[arg-type]
     body, ready = _body(), _status(True)
@@ -159,7 +160,7 @@ def test_a_run_that_raises_is_a_failed_result(monkeypatch: pytest.MonkeyPatch) -
     def broken(url: str, body: dict[str, Any], timeout_s: float) -> PreflightResult:
         raise RuntimeError("listener answered nonsense")
 
-    monkeypatch.setattr("pdfleet.controller.preflight_io.run", broken)
+    monkeypatch.setattr("pdfleet.preflight.io.run", broken)
     status, after = _step(_controller(Writer()), _body(), _status(True))
     assert _condition(status)["reason"] == "PreflightFailed"
     assert after == pytest.approx(plan.RETRY_S, abs=1)  # a minute after the attempt

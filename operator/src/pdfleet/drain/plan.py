@@ -257,3 +257,14 @@ def plan_drain(
         # Reclaimed pods serve again before any new pod is added.
         replicas = current
     return DrainPlan(replicas=replicas, actions=actions, stages=stages)
+
+
+def marks_written(actions: Sequence[Action]) -> dict[str, str | None]:
+    """The drain marks `actions` write: pod -> since, or None where a mark goes."""
+    marks: dict[str, str | None] = {}
+    for action in actions:
+        if action.kind is Kind.MARK:
+            marks[action.pod] = action.since
+        elif action.kind in (Kind.UNMARK, Kind.RECREATE):
+            marks[action.pod] = None
+    return marks

@@ -348,6 +348,14 @@ def invalid_status(
     return status
 
 
+def condition_status(status: Mapping[str, Any] | None, kind: str) -> str | None:
+    """The status ("True", "False", ...) of the `kind` condition in `status`; None without."""
+    for condition in (status or {}).get("conditions") or ():
+        if condition.get("type") == kind:
+            return str(condition.get("status"))
+    return None
+
+
 def merge_foreign_condition(
     conditions: Sequence[Mapping[str, Any]],
     condition: Mapping[str, str],
