@@ -325,9 +325,10 @@ def drain_answers(url: str, model: str, terminate: Callable[[], None]) -> dict[s
     """What an engine answers once it is told to stop while a request is in flight:
     ``terminate()`` sends the SIGTERM after a long stream started; then a new request,
     ``/health`` and ``/metrics`` are tried, and the stream is read to its end."""
-    # Long enough to be in flight while the probes run, short enough to end within the
-    # engine's 30 s --shutdown-timeout on a loaded 2-core machine.
-    body = {"model": model, "prompt": PROMPT, "max_tokens": 300, "ignore_eos": True,
+    # About STREAM_S of this engine's own pace: in flight while the probes run, and done
+    # well within its 30 s --shutdown-timeout, however slow the machine is today.
+    tokens = stream_tokens(url, model)
+    body = {"model": model, "prompt": PROMPT, "max_tokens": tokens, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     streamed: dict[str, Any] = {}
 
@@ -362,6 +363,19 @@ def drain_answers(url: str, model: str, terminate: Callable[[], None]) -> dict[s
     answers["in-flight stream"] = (streamed.get("status"), streamed.get("done"))
     answers["in-flight tokens complete"] = streamed.get("tokens") == body["max_tokens"]
     return answers
+
+
+STREAM_S = 8.0
+
+
+def stream_tokens(url: str, model: str, probe_tokens: int = 8) -> int:
+    """How many tokens the engine at `url` makes in about STREAM_S, from one short request
+    (its prefill counted in, so the figure errs short), within [16, 600]."""
+    body = {"model": model, "prompt": PROMPT, "max_tokens": probe_tokens, "ignore_eos": True}
+    started = time.monotonic()
+    httpx.post(f"{url}/v1/completions", json=body, timeout=60).raise_for_status()
+    rate = probe_tokens / max(time.monotonic() - started, 1e-3)
+    return max(16, min(600, int(rate * STREAM_S)))
 
 
 def _status(
