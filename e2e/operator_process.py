@@ -6,6 +6,7 @@ demo. Metrics and health endpoints are bound to loopback on free ports.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,6 +97,15 @@ class OperatorProcess:
             self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
+
+    @contextlib.contextmanager
+    def serving(self, healthy_within: float = 60.0) -> Iterator[OperatorProcess]:
+        """Started and healthy for the block, stopped after it (a test's operator)."""
+        self.start().wait_healthy(timeout=healthy_within)
+        try:
+            yield self
+        finally:
+            self.stop()
 
     def metrics(self) -> dict[str, float]:
         """Current metric samples; empty while the endpoint is not up (e.g. a standby)."""

@@ -39,9 +39,8 @@ def operator(cluster: Cluster, crds: list[str], tmp_path: Path) -> Iterator[Oper
         identity="gitops-op",
         lease_name=f"pdfleet-gitops-{uuid.uuid4().hex[:8]}",
     )
-    proc.start().wait_healthy()
-    yield proc
-    proc.stop()
+    with proc.serving():
+        yield proc
 
 
 def autoscaled_manifest(namespace: str) -> dict[str, Any]:

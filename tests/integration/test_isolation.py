@@ -158,10 +158,8 @@ def _last_decision(api_client: Any, namespace: str) -> str:
 
 @pytest.fixture
 def operator(cluster: Cluster, crds: list[str], tmp_path: Path) -> Iterator[OperatorProcess]:
-    proc = OperatorProcess(kubeconfig=cluster.kubeconfig, log_path=tmp_path / "operator.log")
-    proc.start().wait_healthy()
-    yield proc
-    proc.stop()
+    with OperatorProcess(cluster.kubeconfig, tmp_path / "operator.log").serving() as proc:
+        yield proc
 
 
 def test_a_prometheus_that_never_answers_slows_no_other_service(

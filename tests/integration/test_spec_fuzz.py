@@ -80,11 +80,8 @@ def operator(
         resync_seconds=5.0,
         extra_args=(f"--namespace={namespace}",),
     )
-    proc.start().wait_healthy(timeout=120)
-    try:
+    with proc.serving(healthy_within=120):
         yield proc
-    finally:
-        proc.stop()
 
 
 def events_for(api: Any, namespace: str, name: str) -> list[str]:

@@ -72,10 +72,8 @@ def operator(
     cluster: Cluster, crds: list[str], nad_crd: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    proc = OperatorProcess(kubeconfig=cluster.kubeconfig, log_path=log, resync_seconds=2.0)
-    proc.start().wait_healthy()
-    yield proc
-    proc.stop()
+    with OperatorProcess(cluster.kubeconfig, log, resync_seconds=2.0).serving() as proc:
+        yield proc
 
 
 def _condition(api: Any, namespace: str, name: str, kind: str) -> dict[str, Any]:
