@@ -56,14 +56,14 @@ INDEX_LAG_WARN_S = 5.0
 # A status change that is only progress (pod counts, and the steps of a start-up while Ready
 # stays False: reconcile/status.progress_only) waits until this long after the service's last
 # status write, and goes out then with the state of that moment. Ready flipping, a problem
-# (Stalled, SpecValid), a decision or a preflight record is written at once. With 1 s, most
-# of 1,000 services created at once wrote their status 5 or 6 times on the way to Ready
-# (created, pods appearing, pods ready, Ready, the preflight verdict); with 5 s, 20 services
-# wrote 3 times each, the counts riding on the Ready write (docs/benchmarks/scale).
+# (Stalled, SpecValid), a decision or a preflight record is written at once. A start-up's
+# steps (created, pods appearing, pods ready, Ready, the preflight verdict) would each make a
+# write; a few seconds is long enough for a lone start-up's counts to ride on its Ready write
+# (docs/benchmarks/scale).
 STATUS_COALESCE_S = 5.0
 # Many services starting at once (a fleet applied in one go) make start-ups slow, their steps
-# more than STATUS_COALESCE_S apart: with 5 s, 1,000 services still wrote 5 or 6 times each,
-# writes that compete with their children's at the API server. So a start-up's progress waits
+# more than STATUS_COALESCE_S apart, so each step would still be a write, competing with their
+# children's at the API server (docs/benchmarks/scale). So a start-up's progress waits
 # longer the more services are starting, keeping their progress together under
 # STARTUP_PROGRESS_PER_S writes a second (reconcile/status.progress_interval_s); a lone
 # start-up keeps STATUS_COALESCE_S, and no start-up waits more than STARTUP_COALESCE_MAX_S.
@@ -399,7 +399,7 @@ class Controller:
         """Events for what a user cares about: children created, pools resized, rollouts.
 
         Children created in one pass share one Event: a new service has a dozen, and an Event
-        each was nearly half the API writes of creating a fleet (docs/benchmarks/scale)."""
+        each would be nearly half the API writes of creating a fleet."""
         created = [
             f"{m['kind']} {m['metadata']['name']}"
             for m in applied

@@ -3,12 +3,12 @@
 Where it fits: `pdfleet operator run` calls `install()` once at start. Nothing else here is
 operator logic.
 
-The operator keeps every watched object in memory (1,000 services: their bodies and 16,000
-small projections of children and pods, about 220 MB). CPython's full collection walks every
-tracked object while holding the GIL, and no pass and no watch event moves meanwhile. The
-1,000 services' bodies and the controller's state alone are 300,000 objects, 0.38 s per full
-collection on a 2-core machine (0.003 s once frozen); while 1,000 services were created,
-full collections came every 6-10 s (docs/benchmarks/scale).
+The operator keeps every watched object in memory: every service's body and a small
+projection of each child and pod. CPython's full collection walks every tracked object while
+holding the GIL, and no pass and no watch event moves meanwhile. With a large fleet that heap
+is hundreds of thousands of objects, so each full collection is a pause every pass and watch
+feels, and full collections come often while many services are created (figures:
+docs/benchmarks/scale).
 
 So, after each full collection, the objects that survived it are moved to the permanent
 generation (`gc.freeze()`), which later collections skip: they walk only what is newer.

@@ -397,9 +397,9 @@ async def _resync(
     interval_s: float,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> None:
-    """Every service once per interval, spread evenly across it. Queuing a sweep of 1,000
-    services at once kept every worker busy for seconds each minute, and a spec change that
-    arrived then waited behind them for the GIL (p99 latency, docs/benchmarks/scale)."""
+    """Every service once per interval, spread evenly across it. A sweep of a large fleet
+    queued at once would keep every worker busy for a while each interval, and a spec change
+    arriving then would wait behind it for the GIL (p99 latency, docs/benchmarks/scale)."""
     while True:
         keys = list(services)
         if not keys:

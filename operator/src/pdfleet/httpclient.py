@@ -2,10 +2,11 @@
 
 Where it fits: `preflight.io` and `drain.io` send their requests through `shared()` instead of
 a client per call. httpx builds an SSL context for every new client, even for plain-HTTP
-URLs: about 50 ms of CPU, much of it holding the GIL. At 1,000 services the KV preflight
-retries alone (one per service per minute) then cost most of a core and delayed the event
-loop that turns watch events into passes. One client also keeps connections to routers
-alive between a drain's passes. httpx clients are safe to share between threads.
+URLs, CPU spent much of it holding the GIL. With a client per call, a large fleet's KV
+preflight retries alone (one per service per minute) would take much of the operator's CPU
+and delay the event loop that turns watch events into passes (docs/benchmarks/scale). One
+client also keeps connections to routers alive between a drain's passes. httpx clients are
+safe to share between threads.
 """
 
 from __future__ import annotations

@@ -103,9 +103,9 @@ SLO_ATTAINMENT = Gauge(
 class ServiceSeries:
     """A per-service gauge whose exposition is rendered when a service's status is exported,
     not at every scrape: at 1,000 services the pool and condition gauges are 16,000 series,
-    and prometheus_client formats every sample at every scrape (about 0.2 s of GIL-holding
-    work each time, pausing every pass; e2e/bench_exposition). A scrape joins the services'
-    rendered lines (`exposition`)."""
+    and prometheus_client formats every sample at every scrape while holding the GIL, which
+    pauses every pass (e2e/bench_exposition, docs/benchmarks/scale). A scrape joins the
+    services' rendered lines (`exposition`)."""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str]):
         self.name = name

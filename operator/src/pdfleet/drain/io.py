@@ -242,8 +242,9 @@ def read_engine(client: httpx.Client, url: str, role: str) -> tuple[float | None
 def read_loads(fleet: RouterFleet, workers: Mapping[str, tuple[str, str]]) -> dict[str, WorkerLoad]:
     """A WorkerLoad for each pod name -> (worker URL, role).
 
-    The routers and every worker are read at once: one at a time, a pass over five draining
-    workers took seconds on a loaded node, and each of those seconds is added to every drain."""
+    The routers and every worker are read at once: one at a time, the reads of several
+    draining workers add up on a loaded node, and every second of them is added to every
+    drain."""
     if not workers:
         return {}
     with ThreadPoolExecutor(max_workers=READ_CONCURRENCY) as pool:

@@ -71,9 +71,10 @@ KINDS: dict[str, Kind] = {
 # on a small node.
 POOL_SIZE = 32
 
-# Events are posted beside the passes: at 1,000 services converging, waiting for two Events a
-# service made passes longer and the work queue slower (docs/benchmarks/scale). As client-go's
-# recorder does, a bounded backlog drops new Events rather than grow without end.
+# Events are posted beside the passes: a pass that waited for its Events would take longer,
+# and while a large fleet converges every queued service would wait that much longer too
+# (docs/benchmarks/scale). As client-go's recorder does, a bounded backlog drops new Events
+# rather than grow without end.
 EVENT_POSTERS = 2
 EVENT_BACKLOG = 1000
 # An Event repeated (same object, type, reason and message) within this long counts up on the

@@ -3,8 +3,8 @@
 The operator plans every pass from these caches, so a pass costs no API reads. They replace
 kopf indexes: kopf holds all handlers until every index has taken in its initial listing, and
 tracks that with one readiness toggle per listed object in a set whose every change wakes
-every waiter. Restarting next to 1,000 services (some 17,000 children and pods) spent minutes
-of a core there and hundreds of MB (docs/benchmarks/scale). Here each kind is one thread and
+every waiter, so a restart next to a large fleet costs CPU and memory that grow with the
+square of its children and pods (docs/benchmarks/scale). Here each kind is one thread and
 one `synced` flag.
 
 `OwnedStore` is the pure part (unit-tested); `Informer` is the thin I/O loop around it, in the

@@ -277,8 +277,8 @@ def observed_from(objects: Iterable[Mapping[str, Any]]) -> Observed:
 def index_lags(seen: ChildRef | None, written: ChildRef, age_s: float, fresh_s: float) -> bool:
     """Whether the watch index still shows a child as it was before this operator wrote it
     `age_s` ago. Workloads carry a generation the API server bumps on every spec change, so
-    an older one is stale however long the index takes (seen lagging by more than 10 s under
-    load), and an equal or newer one is the truth, ours or another writer's. Other kinds
+    an older one is stale however long the index takes (many seconds under load), and an
+    equal or newer one is the truth, ours or another writer's. Other kinds
     (and a child missing from the index, which may have been deleted since) count as stale
     only for `fresh_s` while they show another applied hash."""
     if seen is not None and seen.generation and written.generation:

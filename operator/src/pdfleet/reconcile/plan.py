@@ -90,8 +90,7 @@ def plan_children(stamped: Sequence[Manifest], observed: Observed) -> ChildPlan:
 class RenderCache:
     """Each service's last rendered, hash-stamped children, with what they were rendered
     from. A resync pass of an unchanged service would otherwise render and hash the same
-    dozen manifests again: at 1,000 services that was a third of the idle operator's CPU
-    (docs/benchmarks/scale).
+    dozen manifests again, a large share of an idle operator's CPU (docs/benchmarks/scale).
 
     The inputs are the object's uid and generation (the API server bumps it on every spec
     change; the children are rendered from name, namespace, uid and spec), the pool sizes and

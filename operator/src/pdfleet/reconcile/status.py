@@ -192,8 +192,8 @@ def rolled_out(isvc: InferenceService, observed: Observed) -> bool:
 
     A StatefulSet at generation 1 has had one spec since it was created, so every pod it
     made runs it: its pods tell, without waiting for its status. The controller-manager
-    writes that status after the pods change, late under load: with 300 services starting,
-    a median 14 s (p90 23 s) after their pods were ready (docs/benchmarks/scale). (Pods
+    writes that status after the pods change, late under load, as when many services start
+    at once (docs/benchmarks/scale). (Pods
     adopted from an orphaning delete are the exception: the StatefulSet's status shows their
     rollout once the controller-manager starts it.)"""
     for role in labels.WORKER_ROLES:

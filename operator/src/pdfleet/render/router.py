@@ -73,8 +73,8 @@ def router_deployment(isvc: InferenceService, config: RenderConfig) -> Manifest:
         ],
         # /health is 503 as soon as any one worker is unhealthy: probe /liveness and /readiness.
         # The startup probe holds liveness off while the router starts (its Python launcher
-        # alone took 10 s on a busy node): without it a restarted router was killed by
-        # liveness before it listened, again and again.
+        # alone is slow on a busy node): without it liveness would kill a restarted router
+        # before it listens, again and again.
         "startupProbe": {
             "httpGet": {"path": "/liveness", **probe_port},
             "periodSeconds": 2,
