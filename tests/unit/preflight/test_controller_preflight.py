@@ -17,7 +17,7 @@ from pdfleet.controller import Controller
 from pdfleet.preflight import plan
 from pdfleet.preflight.step import PREFLIGHT_POLL_S
 from pdfleet.reconcile.observed import Observed, PodInfo
-from pdfleet_worker.preflight.plan import PreflightResult, failed
+from pdfleet_wire.preflight import PreflightResult, failed
 from tests.spec_cases import merge_patch, sample
 from tests.unit.fakes import Inline, Writer
 

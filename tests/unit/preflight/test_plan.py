@@ -12,7 +12,7 @@ from pdfleet import labels
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.preflight import plan
 from pdfleet.reconcile.observed import Observed, PodInfo
-from pdfleet_worker.preflight.plan import PreflightResult
+from pdfleet_wire.preflight import PreflightResult
 from tests.spec_cases import merge_patch, sample
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -91,7 +91,9 @@ def test_pick_pair_takes_the_lowest_serving_pods() -> None:
 
 
 def test_request_for_the_decode_pod() -> None:
-    body = plan.request(_service({"spec": {"prefill": {"parallelism": {"tensor": 2}}}}), PREFILL)
+    body = plan.request(
+        _service({"spec": {"prefill": {"parallelism": {"tensor": 2}}}}), PREFILL
+    ).to_json()
     assert body["peer"] == "http://10.244.1.5:5590"
     assert body["tokens"] == 4096 and body["blockSize"] == 16 and body["tp"] == 2
     assert body["geometry"] == {"layers": 32, "kvHeads": 8, "headDim": 128, "dtypeBytes": 2}

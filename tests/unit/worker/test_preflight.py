@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import pdfleet_wire.preflight as wire
 from pdfleet_worker.preflight import plan, transfer
 
-LLAMA_8B = plan.KVGeometry(layers=32, kv_heads=8, head_dim=128, dtype_bytes=2)
-LLAMA_70B = plan.KVGeometry(layers=80, kv_heads=8, head_dim=128, dtype_bytes=2)
+LLAMA_8B = wire.KVCacheShape(layers=32, kv_heads=8, head_dim=128, dtype_bytes=2)
+LLAMA_70B = wire.KVCacheShape(layers=80, kv_heads=8, head_dim=128, dtype_bytes=2)
 # Captured from a real two-process READ (nixl-cu12 1.5.1's bundled UCX, UCX_TLS=tcp,
 # UCX_NET_DEVICES=lo, UCX_PROTO_INFO=y): the initiator's whole output.
 TCP_REPORT = (Path(__file__).parents[2] / "cases" / "ucx_proto_info_tcp.txt").read_text()
@@ -25,10 +26,10 @@ TCP_REPORT = (Path(__file__).parents[2] / "cases" / "ucx_proto_info_tcp.txt").re
         (LLAMA_70B, 1, 327_680),  # 320 KiB
         (LLAMA_70B, 4, 81_920),  # 2 of 8 KV heads per rank
         (LLAMA_8B, 16, 16_384),  # more ranks than KV heads: one (replicated) head each
-        (plan.KVGeometry(32, 8, 128, 1), 1, 65_536),  # fp8 KV halves it
+        (wire.KVCacheShape(32, 8, 128, 1), 1, 65_536),  # fp8 KV halves it
     ],
 )
-def test_bytes_per_token(geometry: plan.KVGeometry, tp: int, per_token: int) -> None:
+def test_bytes_per_token(geometry: wire.KVCacheShape, tp: int, per_token: int) -> None:
     assert geometry.bytes_per_token(tp) == per_token
 
 
@@ -122,15 +123,15 @@ def test_default_memory_follows_the_kv_buffer(env: dict[str, str], memory: str) 
 
 
 def test_result_round_trip_and_bandwidth() -> None:
-    result = plan.PreflightResult(
+    result = wire.PreflightResult(
         ok=True, total_bytes=1000, seconds=(2.0, 1.0, 4.0), lanes=("tcp/lo",), latency_s=0.001
     )
     assert result.bandwidth_bytes_per_s == 500.0  # median time
-    again = plan.PreflightResult.from_json(result.to_json())
+    again = wire.PreflightResult.from_json(result.to_json())
     assert again == result
-    assert plan.failed("x").bandwidth_bytes_per_s is None
+    assert wire.failed("x").bandwidth_bytes_per_s is None
 
 
 def test_request_round_trip() -> None:
-    request = transfer.Request("http://10.0.0.1:5590", 512, 16, LLAMA_8B, tp=2, iterations=3)
-    assert transfer.Request.from_json(request.to_json()) == request
+    request = wire.PreflightRequest("http://10.0.0.1:5590", 512, 16, LLAMA_8B, tp=2, iterations=3)
+    assert wire.PreflightRequest.from_json(request.to_json()) == request

@@ -88,13 +88,14 @@ def start_preflight_listener(env: Mapping[str, str]) -> None:
 
 
 def cmd_preflight(env: Mapping[str, str], args: argparse.Namespace) -> int:
-    from pdfleet_worker.preflight import plan, transfer
+    import pdfleet_wire.preflight as wire
+    from pdfleet_worker.preflight import transfer
 
-    request = transfer.Request(
+    request = wire.PreflightRequest(
         peer=args.peer.rstrip("/"),
         tokens=args.tokens,
         block_size=args.block_size,
-        geometry=plan.KVGeometry(args.layers, args.kv_heads, args.head_dim, args.dtype_bytes),
+        geometry=wire.KVCacheShape(args.layers, args.kv_heads, args.head_dim, args.dtype_bytes),
         tp=args.tp,
         iterations=args.iterations,
         memory=args.memory,

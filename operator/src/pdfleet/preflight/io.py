@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from pdfleet import httpclient
-from pdfleet_worker.preflight.plan import PreflightResult, failed
+from pdfleet_wire.preflight import PreflightResult, failed
 
 log = logging.getLogger(__name__)
 

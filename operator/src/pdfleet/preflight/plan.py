@@ -21,7 +21,7 @@ from typing import Any, TypeGuard
 from pdfleet import labels
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.reconcile.observed import Observed, PodInfo
-from pdfleet_worker.preflight.plan import DTYPE_BYTES, KVGeometry, PreflightResult
+from pdfleet_wire.preflight import DTYPE_BYTES, KVCacheShape, PreflightRequest, PreflightResult
 
 KV_TRANSPORT_READY = "KVTransportReady"
 # A run that could not measure (a listener not up yet, a pod gone) is tried again this late.
@@ -61,9 +61,9 @@ def fingerprint(isvc: InferenceService) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def geometry(isvc: InferenceService) -> KVGeometry:
+def geometry(isvc: InferenceService) -> KVCacheShape:
     g = isvc.spec.kv_transfer.preflight.geometry
-    return KVGeometry(g.layers, g.kv_heads, g.head_dim, DTYPE_BYTES[g.dtype])
+    return KVCacheShape(g.layers, g.kv_heads, g.head_dim, DTYPE_BYTES[g.dtype])
 
 
 def due(
@@ -153,25 +153,19 @@ def listener_url(pod_ip: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-def request(isvc: InferenceService, prefill: PodInfo) -> dict[str, Any]:
-    """The body of POST /preflight/run on the decode pod (pdfleet_worker.preflight.transfer)."""
+def request(isvc: InferenceService, prefill: PodInfo) -> PreflightRequest:
+    """What POST /preflight/run asks of the decode pod (pdfleet_worker.preflight.transfer)."""
     pf = isvc.spec.kv_transfer.preflight
-    g = geometry(isvc)
     assert prefill.pod_ip is not None
-    return {
-        "peer": listener_url(prefill.pod_ip, pf.port),
-        "tokens": pf.prompt_tokens,
-        "blockSize": pf.block_size,
-        "geometry": {
-            "layers": g.layers,
-            "kvHeads": g.kv_heads,
-            "headDim": g.head_dim,
-            "dtypeBytes": g.dtype_bytes,
-        },
-        "tp": isvc.spec.prefill.parallelism.tensor,
-        "iterations": pf.iterations,
-        "timeoutSeconds": RUN_TIMEOUT_S - 60,
-    }
+    return PreflightRequest(
+        peer=listener_url(prefill.pod_ip, pf.port),
+        tokens=pf.prompt_tokens,
+        block_size=pf.block_size,
+        geometry=geometry(isvc),
+        tp=isvc.spec.prefill.parallelism.tensor,
+        iterations=pf.iterations,
+        timeout_s=RUN_TIMEOUT_S - 60,
+    )
 
 
 def expected_transfer_s(isvc: InferenceService, result: PreflightResult) -> float | None:

@@ -20,7 +20,7 @@ from pdfleet.preflight import io, plan
 from pdfleet.reconcile.memory import Pass, PreflightRun
 from pdfleet.reconcile.observed import PodInfo
 from pdfleet.reconcile.status import READY, condition_status, merge_foreign_condition
-from pdfleet_worker.preflight.plan import failed
+from pdfleet_wire.preflight import failed
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,6 @@ def _start(
     assert decode.pod_ip is not None
     port = isvc.spec.kv_transfer.preflight.port
     url = plan.listener_url(decode.pod_ip, port) + "/preflight/run"
-    body = plan.request(isvc, prefill)
+    body = plan.request(isvc, prefill).to_json()
     future = runner.submit(io.run, url, body, plan.RUN_TIMEOUT_S)
     return PreflightRun(fingerprint, pair, future)

@@ -21,7 +21,7 @@ from typing import Any
 
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.reconcile.observed import ChildRef, Observed, PodInfo
-from pdfleet_worker.preflight.plan import PreflightResult
+from pdfleet_wire.preflight import PreflightResult
 
 Key = tuple[str, str]
 

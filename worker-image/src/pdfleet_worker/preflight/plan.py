@@ -2,7 +2,7 @@
 
 Where it fits: `transfer` (NIXL I/O) lays its buffers out with `layout()`, the decode-side
 run reads the transport out of UCX's protocol report with `transport_from_ucx()`, and the
-operator (pdfleet.preflight) uses `KVGeometry` to turn the measured bandwidth into the time a
+operator (pdfleet.preflight) uses `KVCacheShape` to turn the measured bandwidth into the time a
 typical prompt's KV cache takes. No I/O here.
 """
 
@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import math
 import re
-import statistics
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float8": 1}
+from pdfleet_wire.preflight import KVCacheShape, TransportKind
 
-TransportKind = Literal["rdma", "cuda_ipc", "cuda_copy", "shm", "tcp", "self", "unknown"]
 # UCX transport names (the part before "/" in "rc_mlx5/mlx5_0:1") by the path they take.
 _RDMA_PREFIXES = ("rc", "dc", "ud", "srd", "gga")
 _SHM = frozenset({"sysv", "posix", "cma", "knem", "xpmem"})
@@ -25,24 +22,6 @@ _SHM = frozenset({"sysv", "posix", "cma", "knem", "xpmem"})
 _KIND_ORDER: tuple[TransportKind, ...] = (
     "rdma", "cuda_ipc", "shm", "cuda_copy", "self", "tcp", "unknown",
 )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class KVGeometry:
-    """What one token of KV cache is made of (the model's config.json says it)."""
-
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype_bytes: int
-
-    def heads_per_rank(self, tp: int) -> int:
-        # vLLM shards KV heads across TP ranks and replicates them when tp > kv_heads.
-        return max(1, self.kv_heads // max(1, tp))
-
-    def bytes_per_token(self, tp: int = 1) -> int:
-        """2 (K and V) x layers x KV heads x head size x dtype bytes, on one TP rank."""
-        return 2 * self.layers * self.heads_per_rank(tp) * self.head_dim * self.dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -57,7 +36,7 @@ class Layout:
         return self.descriptors * self.descriptor_bytes
 
 
-def layout(geometry: KVGeometry, tokens: int, block_size: int, tp: int = 1) -> Layout:
+def layout(geometry: KVCacheShape, tokens: int, block_size: int, tp: int = 1) -> Layout:
     """The KV cache of a `tokens`-long prompt as vLLM's NixlConnector reads it: whole blocks,
     K and V of each layer in separate regions, so 2 x layers x blocks descriptors."""
     if tokens < 1 or block_size < 1:
@@ -142,59 +121,6 @@ def transport_kind(lane: str) -> TransportKind:
 def best_kind(lanes: Iterable[str]) -> TransportKind:
     kinds = {transport_kind(lane) for lane in lanes}
     return next((k for k in _KIND_ORDER if k in kinds), "unknown")
-
-
-# --------------------------------------------------------------------------------------------
-# The result a decode pod reports to the operator
-
-
-@dataclass(frozen=True)
-class PreflightResult:
-    """One preflight run between a decode (initiator, READs) and a prefill (target) pod."""
-
-    ok: bool
-    error: str = ""
-    memory: str = "DRAM"
-    transport: str = ""
-    transport_kind: TransportKind = "unknown"
-    lanes: tuple[str, ...] = ()
-    total_bytes: int = 0
-    descriptors: int = 0
-    descriptor_bytes: int = 0
-    iterations: int = 0
-    seconds: tuple[float, ...] = ()
-    latency_s: float | None = None
-    verified: bool = False
-    target_agent: str = ""
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def bandwidth_bytes_per_s(self) -> float | None:
-        """Payload bytes over the median time of the timed READs."""
-        if not self.seconds or self.total_bytes <= 0:
-            return None
-        median = statistics.median(self.seconds)
-        return self.total_bytes / median if median > 0 else None
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["lanes"] = list(self.lanes)
-        out["seconds"] = list(self.seconds)
-        out["extra"] = dict(self.extra)
-        out["bandwidth_bytes_per_s"] = self.bandwidth_bytes_per_s
-        return out
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> PreflightResult:
-        known = set(cls.__dataclass_fields__)
-        values = {k: v for k, v in data.items() if k in known}
-        values["lanes"] = tuple(values.get("lanes") or ())
-        values["seconds"] = tuple(float(s) for s in values.get("seconds") or ())
-        return cls(**values)
-
-
-def failed(error: str, **details: Any) -> PreflightResult:
-    return PreflightResult(ok=False, error=error, **details)
 
 
 def describe(lanes: Sequence[str]) -> str:

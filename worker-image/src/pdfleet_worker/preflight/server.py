@@ -20,6 +20,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import pdfleet_wire.preflight as wire
 from pdfleet_worker.preflight import transfer
 
 log = logging.getLogger("pdfleet.preflight")
@@ -97,7 +98,7 @@ class Handler(BaseHTTPRequestHandler):
         return {"released": self.server.target.release(str(body["id"]))}
 
     def _run(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        request = transfer.Request.from_json(body)
+        request = wire.PreflightRequest.from_json(body)
         with self.server.run_lock:
             return transfer.run(request, self.server.env).to_json()
 

@@ -36,6 +36,7 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
+import pdfleet_wire.preflight as wire
 from pdfleet_worker.preflight import plan
 
 _CHUNK = 1 << 20  # the fill pattern repeats per MiB, each MiB stamped with its index
@@ -245,57 +246,6 @@ def side_channel(env: Mapping[str, str]) -> str:
 # The initiator (decode side): runs in its own process
 
 
-@dataclass(frozen=True)
-class Request:
-    """What the operator asks a decode pod to measure."""
-
-    peer: str  # base URL of the prefill pod's preflight listener
-    tokens: int
-    block_size: int
-    geometry: plan.KVGeometry
-    tp: int = 1
-    iterations: int = 5
-    memory: str | None = None  # None: the pod's default (default_memory)
-    timeout_s: float = 120.0
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Request:
-        geometry = data["geometry"]
-        return cls(
-            peer=str(data["peer"]).rstrip("/"),
-            tokens=int(data["tokens"]),
-            block_size=int(data.get("blockSize", 16)),
-            geometry=plan.KVGeometry(
-                layers=int(geometry["layers"]),
-                kv_heads=int(geometry["kvHeads"]),
-                head_dim=int(geometry["headDim"]),
-                dtype_bytes=int(geometry["dtypeBytes"]),
-            ),
-            tp=int(data.get("tp", 1)),
-            iterations=max(1, int(data.get("iterations", 5))),
-            memory=data.get("memory") or None,
-            timeout_s=float(data.get("timeoutSeconds", 120.0)),
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        g = self.geometry
-        return {
-            "peer": self.peer,
-            "tokens": self.tokens,
-            "blockSize": self.block_size,
-            "geometry": {
-                "layers": g.layers,
-                "kvHeads": g.kv_heads,
-                "headDim": g.head_dim,
-                "dtypeBytes": g.dtype_bytes,
-            },
-            "tp": self.tp,
-            "iterations": self.iterations,
-            "memory": self.memory,
-            "timeoutSeconds": self.timeout_s,
-        }
-
-
 class TransferError(RuntimeError):
     pass
 
@@ -329,7 +279,7 @@ def _side_channel_reachable(address: str, timeout_s: float = 5.0) -> bool:
         return False
 
 
-def initiate(request: Request, env: Mapping[str, str]) -> plan.PreflightResult:
+def initiate(request: wire.PreflightRequest, env: Mapping[str, str]) -> wire.PreflightResult:
     """READ the peer's offer like a decode engine pulls KV: warm-up, timed READs of the whole
     payload, a one-descriptor latency probe, then a byte-for-byte check."""
     layout = plan.layout(request.geometry, request.tokens, request.block_size, request.tp)
@@ -350,12 +300,12 @@ def initiate(request: Request, env: Mapping[str, str]) -> plan.PreflightResult:
             )
             response.raise_for_status()
         except httpx.HTTPError as err:
-            return plan.failed(f"prefill preflight listener {request.peer}: {err}", **base)
+            return wire.failed(f"prefill preflight listener {request.peer}: {err}", **base)
         offer = response.json()
         try:
             result = _read(request, env, offer, layout, memory, seed, deadline)
         except Exception as err:  # native errors surface as RuntimeError/nixlError
-            result = plan.failed(f"{type(err).__name__}: {err}", **base)
+            result = wire.failed(f"{type(err).__name__}: {err}", **base)
         finally:
             with contextlib.suppress(httpx.HTTPError):  # the offer expires on its own
                 http.post(f"{request.peer}/preflight/release", json={"id": offer["id"]})
@@ -366,14 +316,14 @@ def initiate(request: Request, env: Mapping[str, str]) -> plan.PreflightResult:
 
 
 def _read(
-    request: Request,
+    request: wire.PreflightRequest,
     env: Mapping[str, str],
     offer: Mapping[str, Any],
     layout: plan.Layout,
     memory: str,
     seed: int,
     deadline: float,
-) -> plan.PreflightResult:
+) -> wire.PreflightResult:
     api = nixl_api()
     backends = [b for b in env.get("PDFLEET_KV_BACKENDS", "UCX").split(",") if b] or ["UCX"]
     name = f"pdfleet-preflight-{socket.gethostname()}-{os.getpid()}"
@@ -407,7 +357,7 @@ def _read(
             agent.release_xfer_handle(handle)
         agent.remove_remote_agent(remote_name)
         agent.deregister_memory(registered)
-    return plan.PreflightResult(
+    return wire.PreflightResult(
         ok=verified,
         error="" if verified else "the data read does not match what the prefill side wrote",
         memory=memory,
@@ -426,7 +376,7 @@ def _read(
 # The runner: one initiator process per run, its UCX protocol report parsed
 
 
-def run(request: Request, env: Mapping[str, str]) -> plan.PreflightResult:
+def run(request: wire.PreflightRequest, env: Mapping[str, str]) -> wire.PreflightResult:
     """Run the initiator in a child process with UCX_PROTO_INFO=y and attach the transport
     UCX reported for the remote reads of one descriptor. The result comes back through a
     file: UCX's report shares stdout, where C stdio may split lines across our output."""
@@ -446,12 +396,12 @@ def run(request: Request, env: Mapping[str, str]) -> plan.PreflightResult:
             )
         except subprocess.TimeoutExpired:
             limit = request.timeout_s + CHILD_START_S
-            return plan.failed(f"the initiator did not finish in {limit:.0f} s")
+            return wire.failed(f"the initiator did not finish in {limit:.0f} s")
         output = done.stdout + done.stderr
         if not out.exists():
             tail = " | ".join(output.strip().splitlines()[-5:])
-            return plan.failed(f"the initiator exited with {done.returncode}: {tail}"[:1000])
-        result = plan.PreflightResult.from_json(json.loads(out.read_text()))
+            return wire.failed(f"the initiator exited with {done.returncode}: {tail}"[:1000])
+        result = wire.PreflightResult.from_json(json.loads(out.read_text()))
     lanes = plan.read_lanes(output, result.descriptor_bytes)
     return replace(
         result,
@@ -474,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("mode", choices=["initiate"], help="READ from the peer in stdin's JSON")
     parser.add_argument("out", type=Path, help="where to write the result (JSON)")
     args = parser.parse_args(argv)
-    request = Request.from_json(json.loads(sys.stdin.read()))
+    request = wire.PreflightRequest.from_json(json.loads(sys.stdin.read()))
     result = initiate(request, os.environ)
     args.out.write_text(json.dumps(result.to_json()))
 

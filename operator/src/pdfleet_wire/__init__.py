@@ -1,0 +1,1 @@
+"""Types shared by the operator (`pdfleet`) and the worker (`pdfleet_worker`)."""
