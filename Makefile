@@ -25,6 +25,7 @@ IMAGE_TESTS := tests/image
 DEMO_ARGS ?=
 NIXL_PIN := nixl-cu12==1.5.1
 BENCH_SCALE_ARGS ?=
+BENCH_AUTOSCALE_ARGS ?= W1 W2 W3
 # The fault suite's full repetitions (docs/reliability.md); FAULTS_ARGS=--only router worker ...
 FAULTS_ARGS ?=
 
@@ -88,6 +89,8 @@ test-engine: test-image toolchain ## Real vLLM on the local cluster (~12 min), a
 
 test: verify test-integration test-e2e test-scenarios test-drain test-image ## Everything CI runs.
 
+bench-autoscale: $(STAMP) ## The autoscaler against baselines on the workloads (BENCH_AUTOSCALE_ARGS=W1 W2 W3).
+	$(PY) -m pdfleet_lab.bench $(BENCH_AUTOSCALE_ARGS) --out docs/benchmarks/autoscale
 bench-scale: $(STAMP) toolchain ## 1,000 InferenceServices on the local cluster, measured (BENCH_SCALE_ARGS=--services 100).
 	$(NETNS) $(PY) -m e2e.bench_scale $(BENCH_SCALE_ARGS)
 test-faults: $(STAMP) toolchain ## The fault suite: tests/e2e_faults, then the full repetitions (docs/benchmarks/faults).
@@ -97,4 +100,4 @@ test-faults: $(STAMP) toolchain ## The fault suite: tests/e2e_faults, then the f
 demo: $(STAMP) toolchain ## The demo fleet rebalancing itself under a load shift (DEMO_ARGS=--keep).
 	$(NETNS) $(PY) -m e2e.demo $(DEMO_ARGS)
 
-.PHONY: help install toolchain engine test-image test-engine manifests lint test-unit verify test-integration test-e2e test-scenarios test-drain test-faults test demo bench-scale
+.PHONY: help install toolchain engine test-image test-engine manifests lint test-unit verify test-integration test-e2e test-scenarios test-drain test-faults test demo bench-scale bench-autoscale

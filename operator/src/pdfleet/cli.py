@@ -1,9 +1,10 @@
-"""The `pdfleet` command: run the operator, render manifests, run benchmarks.
+"""The `pdfleet` command: run the operator, render manifests, print the CRD.
 
 pdfleet operator run [--namespace NS ...] [--kubeconfig FILE]
 pdfleet render -f FILE [--replicas prefill=2 --replicas decode=3] [--http-route NS/GATEWAY]
 pdfleet crd
-pdfleet bench autoscale ...
+
+The autoscaler's benchmark is not part of the operator: `python -m pdfleet_lab.bench`.
 """
 
 from __future__ import annotations
@@ -196,14 +197,6 @@ def _prometheus_sources() -> Callable[[str], MetricsSource]:
     return source_for
 
 
-def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
-    if args.bench == "autoscale":
-        from pdfleet.autoscale import bench
-
-        return int(bench.main(rest) or 0)
-    raise SystemExit(f"unknown benchmark {args.bench!r}")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdfleet", description=__doc__.split("\n")[0])
     parser.add_argument("--log-level", default=os.environ.get("PDFLEET_LOG_LEVEL", "INFO"))
@@ -242,25 +235,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"))
     run.add_argument("--lease-name", default="pdfleet-operator")
     run.add_argument("--identity", default=os.environ.get("POD_NAME"))
-
-    bench = commands.add_parser("bench", help="run a benchmark", add_help=False)
-    bench.add_argument("bench", choices=["autoscale"])
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args, rest = parser.parse_known_args(argv)
+    args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     # Per-event handler chatter and probe access logs drown what matters at INFO.
     for noisy in ("kopf.objects", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
-    if args.command == "bench":
-        return cmd_bench(args, rest)
-    if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "render":
         return cmd_render(args)
     if args.command == "crd":

@@ -1,7 +1,7 @@
 """The SLO-driven autoscaling policy: a pure function from observations to replica counts.
 
 Where it fits: the operator's autoscale timer (and the fleet simulator behind
-`pdfleet.autoscale.bench`, and any other simulator) calls `decide()` once per interval with
+`pdfleet_lab.bench`, and any other simulator) calls `decide()` once per interval with
 plain frozen data and gets plain frozen data back. No I/O, no clock, no globals: the caller
 supplies `now_s`, the metrics window, the replica counts and the recent decisions, and keeps
 the returned `Decision` for the next call. `PolicyConfig` is the policy's own configuration;

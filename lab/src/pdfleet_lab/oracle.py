@@ -1,7 +1,7 @@
 """Hindsight baselines: every fixed P:D split, and the clairvoyant per-window bound.
 
-Where it fits: `pdfleet.autoscale.bench` calls `fixed_splits` and `clairvoyant` next to the
-online controllers of `baselines.py`; all use `pdfleet.autoscale.sim`.
+Where it fits: `pdfleet_lab.bench` calls `fixed_splits` and `clairvoyant` next to the
+online controllers of `baselines.py`; all use `pdfleet_lab.sim`.
 
 Attainment is (close to) monotone in both pool sizes, so instead of simulating all splits of
 the budget we walk, for each prefill count, the decode counts upwards until attainment stops
@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import pairwise
 
-from pdfleet.autoscale.sim import SimConfig, fixed, simulate
-from pdfleet.autoscale.traces import Workload
+from pdfleet_lab.sim import SimConfig, fixed, simulate
+from pdfleet_lab.traces import Workload
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """PNG of one benchmark workload: load, replicas per role, and latency over time.
 
-Where it fits: `pdfleet.autoscale.bench` calls `plot_workload` with the result dict it also
+Where it fits: `pdfleet_lab.bench` calls `plot_workload` with the result dict it also
 writes as JSON. matplotlib is a dev/bench dependency only, so it is imported here, lazily.
 """
 

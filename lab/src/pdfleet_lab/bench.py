@@ -1,7 +1,7 @@
 """`pdfleet bench autoscale`: replay workloads through the fleet simulator, policy vs baselines.
 
 Where it fits: the `pdfleet` CLI forwards its arguments to `main(argv)`; it also runs as
-`python -m pdfleet.autoscale.bench`. For each workload it runs pdfleet's policy
+`python -m pdfleet_lab.bench`. For each workload it runs pdfleet's policy
 (`policy.decide` via `baselines.PolicyController`), the threshold autoscaler, the Dynamo
 planner's throughput formula, every fixed P:D split that can matter and the clairvoyant
 bound (`oracle.py`; also its plan with the start-up paid, which splits the distance to the
@@ -26,17 +26,17 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pdfleet.autoscale import oracle
-from pdfleet.autoscale.baselines import (
+from pdfleet.autoscale.policy import PolicyConfig
+from pdfleet_lab import oracle
+from pdfleet_lab.baselines import (
     PlannerController,
     PolicyController,
     ThresholdController,
     decode_engine_rps,
     prefill_engine_rps,
 )
-from pdfleet.autoscale.policy import PolicyConfig
-from pdfleet.autoscale.sim import Controller, SimConfig, SimResult, simulate
-from pdfleet.autoscale.traces import Workload, load
+from pdfleet_lab.sim import Controller, SimConfig, SimResult, simulate
+from pdfleet_lab.traces import Workload, load
 
 # SLOs of the shared workloads (../shared/traces/workloads/README.md): (TTFT s, mean ITL s).
 WORKLOAD_SLOS = {"W1": (1.0, 0.015), "W2": (0.5, 0.015), "W3": (1.0, 0.015)}
@@ -406,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         res = bench_workload(wl, ttft, itl, args)
         if not args.no_plot:
-            from pdfleet.autoscale.plot import plot_workload
+            from pdfleet_lab.plot import plot_workload
 
             plot_workload(res, args.out / f"{wl.name}.png")
         timelines = res.pop("timelines")

@@ -1,6 +1,6 @@
 """Discrete-event simulator of a P/D fleet, driven by an autoscaling controller.
 
-Where it fits: `pdfleet.autoscale.bench` replays workloads through `simulate()` with the
+Where it fits: `pdfleet_lab.bench` replays workloads through `simulate()` with the
 policy (`pdfleet.autoscale.policy`) or a baseline as the controller. The controller sees what
 the operator would see (replica counts and a Prometheus-like metrics window) and returns
 desired replicas; the simulator plays the StatefulSets, the router and the workers.
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pdfleet.autoscale.policy import MetricsWindow, RoleMetrics, RoleReplicas
-from pdfleet.autoscale.traces import Workload
+from pdfleet_lab.traces import Workload
 
 if TYPE_CHECKING:
     from pdfleet_worker.perfmodel import PerfModel

@@ -1,7 +1,7 @@
 """Controllers the benchmark compares: pdfleet's policy and the baselines it must beat.
 
-Where it fits: each class here is a `pdfleet.autoscale.sim.Controller` (called once per
-interval with replica counts and a metrics window); `pdfleet.autoscale.bench` runs them all
+Where it fits: each class here is a `pdfleet_lab.sim.Controller` (called once per
+interval with replica counts and a metrics window); `pdfleet_lab.bench` runs them all
 through the same simulator. The clairvoyant bound lives in `oracle.py`.
 
 - `PolicyController`: `policy.decide` plus the history the operator would keep in status.

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet.autoscale import traces
-from pdfleet.autoscale.bench import RunSummary, at_equal_cost, count_flaps
-from pdfleet.autoscale.oracle import cheapest_plan
 from pdfleet.autoscale.policy import MetricsWindow, RoleReplicas
-from pdfleet.autoscale.sim import SimConfig, fixed, simulate
+from pdfleet_lab import traces
+from pdfleet_lab.bench import RunSummary, at_equal_cost, count_flaps
+from pdfleet_lab.oracle import cheapest_plan
+from pdfleet_lab.sim import SimConfig, fixed, simulate
 from pdfleet_worker.perfmodel import preset
 
 CFG = SimConfig(perf=preset("llama-3.1-8b-h200"), startup_s=30.0, interval_s=10.0)
@@ -105,7 +105,7 @@ def test_cluster_full_leaves_workers_pending() -> None:
 
 
 def test_peak_rate_sees_a_burst_the_mean_hides() -> None:
-    from pdfleet.autoscale.sim import _Window
+    from pdfleet_lab.sim import _Window
 
     w = _Window(60.0)
     for i in range(10):  # 10 x 1000 tokens within 5 s, nothing for the other 55 s

@@ -1,7 +1,7 @@
 """Request traces for the fleet simulator: Mooncake JSONL (plain or gzipped) and Azure CSV.
 
-Where it fits: `pdfleet.autoscale.bench` loads a workload file with `load()` and hands the
-`Workload` to `pdfleet.autoscale.sim`. Formats:
+Where it fits: `pdfleet_lab.bench` loads a workload file with `load()` and hands the
+`Workload` to `pdfleet_lab.sim`. Formats:
 - Mooncake (FAST'25 release, and `../shared/traces/workloads/`): one JSON object a line with
   `timestamp` (ms since start), `input_length`, `output_length` (`hash_ids` is ignored: the
   simulator has no prefix cache).
