@@ -1,4 +1,5 @@
-"""Test doubles for the one I/O seam of the controller (KubeWriter): they record calls."""
+"""Test doubles for the controller's I/O seams: `Writer` (a `pdfleet.kube.writer.Writer`)
+records every call; `Inline` runs submitted work at once."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ class Writer:
         self.calls.append(("patch", (kind_name, name, patch)))
 
     def event(
-        self, involved: Mapping[str, Any], reason: str, message: str, type_: str = ""
+        self, involved: Mapping[str, Any], reason: str, message: str, type_: str = "Normal"
     ) -> None:
         self.calls.append(("event", reason))
 

@@ -1,18 +1,14 @@
-"""How the controller reads the API server's refusals of a child (controller.py)."""
+"""How the operator reads the API server's refusals (kube/errors.py)."""
 
 from __future__ import annotations
 
 import json
 
-from kubernetes.client.exceptions import ApiException
-
-from pdfleet.controller import is_rejection, namespace_terminating
+from pdfleet.kube.errors import APIError
 
 
-def _refusal(status: int, body: dict[str, object] | str) -> ApiException:
-    error = ApiException(status=status, reason="test")
-    error.body = body if isinstance(body, str) else json.dumps(body)
-    return error
+def _refusal(status: int, body: dict[str, object] | str) -> APIError:
+    return APIError(status, "test", body if isinstance(body, str) else json.dumps(body))
 
 
 TERMINATING = {
@@ -27,10 +23,10 @@ TERMINATING = {
 
 
 def test_a_terminating_namespace_is_not_a_rejection_to_report() -> None:
-    assert namespace_terminating(_refusal(403, TERMINATING))
+    assert _refusal(403, TERMINATING).namespace_terminating
     # other refusals are not mistaken for it, whatever their body looks like
-    assert not namespace_terminating(_refusal(403, {"reason": "Forbidden", "code": 403}))
-    assert not namespace_terminating(_refusal(422, TERMINATING))
-    assert not namespace_terminating(_refusal(403, "<html>proxy error</html>"))
-    assert not namespace_terminating(_refusal(403, {"details": {"causes": ["odd"]}}))
-    assert is_rejection(_refusal(422, {"reason": "Invalid", "code": 422}))
+    assert not _refusal(403, {"reason": "Forbidden", "code": 403}).namespace_terminating
+    assert not _refusal(422, TERMINATING).namespace_terminating
+    assert not _refusal(403, "<html>proxy error</html>").namespace_terminating
+    assert not _refusal(403, {"details": {"causes": ["odd"]}}).namespace_terminating
+    assert _refusal(422, {"reason": "Invalid", "code": 422}).refused_for_good

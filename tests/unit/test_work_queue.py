@@ -8,20 +8,11 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
-from pdfleet import handlers
-from pdfleet.handlers import (
-    NEW,
-    RESYNC,
-    URGENT,
-    CountDown,
-    ServiceCache,
-    WorkQueue,
-    _resync,
-    _serve,
-    retry_after,
-)
+from pdfleet.handlers import CountDown, ServiceCache, _resync, _serve
+from pdfleet.kube import workqueue
+from pdfleet.kube.errors import APIError
+from pdfleet.kube.workqueue import NEW, RESYNC, URGENT, WorkQueue, retry_after
 from tests.unit.operator_metrics import counted
 
 Key = tuple[str, str]
@@ -144,10 +135,8 @@ async def test_a_service_is_in_one_workers_hands_and_the_others_go_on() -> None:
     assert ran.count(("ns", "stuck")) == 2
 
 
-def _api_error(status: int, headers: dict[str, str] | None = None) -> ApiException:
-    error = ApiException(status=status, reason="test")
-    error.headers = headers
-    return error
+def _api_error(status: int, headers: dict[str, str] | None = None) -> APIError:
+    return APIError(status, "test", headers=headers)
 
 
 @pytest.mark.parametrize(
@@ -254,7 +243,7 @@ async def test_the_wait_in_the_queue_is_measured_by_priority(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = [50.0]
-    monkeypatch.setattr(handlers.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(workqueue.time, "monotonic", lambda: clock[0])
     queue = WorkQueue(run=lambda _: None)
     with counted("pdfleet_queue_wait_seconds_sum") as waited:
         queue.put(("ns", "created"), NEW)

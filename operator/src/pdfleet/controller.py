@@ -9,7 +9,6 @@ an unchanged service costs no API writes.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -19,14 +18,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pydantic
-from kubernetes.client.exceptions import ApiException
 
 from pdfleet import labels, metrics
 from pdfleet.api.rules import error_paths
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.autoscale.actuator import Autoscaler
 from pdfleet.drain.step import step as drain_step
-from pdfleet.kube.api import KubeWriter
+from pdfleet.kube.errors import APIError
+from pdfleet.kube.writer import Writer
 from pdfleet.preflight.step import step as preflight_step
 from pdfleet.reconcile.memory import RECENT_WRITE_S, Memories, Pass
 from pdfleet.reconcile.observed import (
@@ -72,12 +71,9 @@ STARTUP_COALESCE_MAX_S = 60.0
 # Child writes in flight at once, over all passes (the API client's connection pool is sized
 # for these, the passes' own status writes and the lease).
 WRITES_IN_FLIGHT = 8
-# API answers that refuse a child until someone changes the spec (400, 422: malformed or
-# invalid) or the operator's rights (403: e.g. a chart older than a kind the spec asks for):
-# retrying at once cannot help, the periodic resync tries again.
-REJECTED = (400, 403, 422)
+# A child the API server refused for good (kube.errors.APIError.refused_for_good): the pass
+# reports it instead of raising, and the periodic resync tries again.
 CHILD_REJECTED = "ChildRejected"
-TYPED_PATCH_FAILURE = "failed to create typed patch object"
 
 
 @dataclass(frozen=True)
@@ -96,34 +92,9 @@ def _described(manifest: Mapping[str, Any]) -> str:
     return described if replicas is None else f"{described} (replicas {replicas})"
 
 
-def is_rejection(error: ApiException) -> bool:
-    """Whether the API server refused a child for good (retrying cannot help)."""
-    if error.status in REJECTED:
-        return True
-    # Server-side apply answers 500, not 422, when the applied object does not fit the
-    # schema at all (a string where a map belongs, an unknown field in a free-form part).
-    return error.status == 500 and TYPED_PATCH_FAILURE in str(error.body or "")
-
-
-def namespace_terminating(error: ApiException) -> bool:
-    """Whether a write was refused because its namespace is being deleted: the service goes
-    with it, so there is nothing to report or retry."""
-    if error.status != 403:
-        return False
-    try:
-        causes = (json.loads(error.body or "{}").get("details") or {}).get("causes") or ()
-    except (ValueError, AttributeError):
-        return False
-    return any(isinstance(c, dict) and c.get("reason") == "NamespaceTerminating" for c in causes)
-
-
-def rejection_message(manifest: Mapping[str, Any], error: ApiException) -> str:
+def rejection_message(manifest: Mapping[str, Any], error: APIError) -> str:
     """'<Kind> <name>: <the API server's message>' for a child the API server refused."""
-    try:
-        detail = str(json.loads(error.body or "{}").get("message") or error.reason)
-    except (ValueError, AttributeError):
-        detail = str(error.reason)
-    return f"{manifest['kind']} {manifest['metadata']['name']}: {detail}"[:2000]
+    return f"{manifest['kind']} {manifest['metadata']['name']}: {error.message}"[:2000]
 
 
 def _status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
@@ -132,11 +103,11 @@ def _status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict
 
 
 class Controller:
-    """Reconciles InferenceServices through a KubeWriter. Thread-safe per object."""
+    """Reconciles InferenceServices through a `kube.writer.Writer`. Thread-safe per object."""
 
     def __init__(
         self,
-        writer: KubeWriter,
+        writer: Writer,
         config: RenderConfig | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         autoscaler: Autoscaler | None = None,
@@ -192,7 +163,7 @@ class Controller:
         with self._memories.of((namespace, name)).lock:
             try:
                 return self._reconcile(body, observed)
-            except ApiException as error:
+            except APIError as error:
                 metrics.RECONCILE_ERRORS.labels(reason=str(error.status)).inc()
                 raise
             finally:
@@ -227,7 +198,7 @@ class Controller:
         if isvc.spec.autoscaling.enabled and self.autoscaler is not None:
             previous = self._autoscale(body, isvc, observed, previous, now)
             # When the next step is due, not a full interval after this pass: the latest pass's
-            # come-back replaces the one before (handlers.WorkQueue.come_back).
+            # come-back replaces the one before (kube.workqueue.WorkQueue.come_back).
             autoscale_after = self.autoscaler.come_back_s(isvc)
         this = Pass(body, isvc, observed, now, memory)
         applied, requeue = drain_step(this, desired_replicas(isvc, previous), self.writer)
@@ -246,11 +217,11 @@ class Controller:
         for key in child_plan.delete:
             self.writer.delete(key[0], key[1], namespace)
         for manifest, outcome in self._apply_in_waves(child_plan.apply, namespace):
-            if isinstance(outcome, ApiException):
-                if namespace_terminating(outcome):
+            if isinstance(outcome, APIError):
+                if outcome.namespace_terminating:
                     log.info("%s/%s: namespace is being deleted; nothing to do", namespace, name)
                     return PassResult(0, 0, False)
-                if not is_rejection(outcome):
+                if not outcome.refused_for_good:
                     raise outcome
                 # The spec passed admission but a child built from it did not (free-form
                 # fields such as nodeSelector keys or affinity are checked only there).
@@ -295,16 +266,16 @@ class Controller:
 
     def _apply_in_waves(
         self, manifests: Sequence[Manifest], namespace: str
-    ) -> Iterator[tuple[Manifest, dict[str, Any] | ApiException]]:
+    ) -> Iterator[tuple[Manifest, dict[str, Any] | APIError]]:
         """Apply each wave (plan.write_waves) at once, and yield every child with what the
         API server answered, in render order. A spec change rewrites both StatefulSets: one
-        after the other, the second waited for the first's answer (docs/benchmarks/scale).
+        after the other, the second would wait for the first's answer.
         An error that is not the API server's answer is raised."""
 
-        def apply(manifest: Manifest) -> dict[str, Any] | ApiException:
+        def apply(manifest: Manifest) -> dict[str, Any] | APIError:
             try:
                 return self.writer.apply(manifest, namespace)
-            except ApiException as error:
+            except APIError as error:
                 return error
 
         for wave in write_waves(manifests):

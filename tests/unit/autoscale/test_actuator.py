@@ -178,7 +178,7 @@ def _controller(source: Source, clock: list[float]) -> tuple[Controller, Writer]
         clock_s=lambda: clock[0],
         reads=WindowReads(executor_for=lambda url: Inline()),
     )
-    return Controller(writer, clock=lambda: NOW, autoscaler=autoscaler), writer  # type: ignore[arg-type]
+    return Controller(writer, clock=lambda: NOW, autoscaler=autoscaler), writer
 
 
 def test_missing_metrics_hold_and_say_why() -> None:
@@ -379,7 +379,7 @@ def _held_controller(source: Source, clock: list[float]) -> tuple[Controller, Wr
         clock_s=lambda: clock[0],
         reads=WindowReads(executor_for=lambda url: held),
     )
-    controller = Controller(writer, clock=lambda: NOW, autoscaler=autoscaler)  # type: ignore[arg-type]
+    controller = Controller(writer, clock=lambda: NOW, autoscaler=autoscaler)
     return controller, writer, held
 
 

@@ -65,7 +65,7 @@ def no_http(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_idle_service_does_no_drain_io_and_no_write(no_http: list[str]) -> None:
     body = _body(decode=2)
     writer = Writer()
-    result = Controller(writer, clock=lambda: NOW).reconcile(body, _observed(body, 2))  # type: ignore[arg-type]
+    result = Controller(writer, clock=lambda: NOW).reconcile(body, _observed(body, 2))
     assert no_http == [] and result.requeue_after_s is None
     assert not [c for c in writer.calls if c[0] in ("apply", "patch", "delete")]
 
@@ -73,7 +73,7 @@ def test_idle_service_does_no_drain_io_and_no_write(no_http: list[str]) -> None:
 def test_scale_down_marks_the_top_pods_and_holds_the_statefulset(no_http: list[str]) -> None:
     body = _body(decode=1)
     writer = Writer()
-    result = Controller(writer, clock=lambda: NOW).reconcile(body, _observed(body, 3))  # type: ignore[arg-type]
+    result = Controller(writer, clock=lambda: NOW).reconcile(body, _observed(body, 3))
     patches = [c[1] for c in writer.calls if c[0] == "patch"]
     assert [(kind, name) for kind, name, _ in patches] == [
         ("Pod", "llama-8b-decode-1"),
@@ -94,7 +94,7 @@ def test_a_pass_before_the_pod_index_catches_up_does_not_mark_again(
     body = _body(decode=1)
     writer = Writer()
     clock = [NOW]
-    controller = Controller(writer, clock=lambda: clock[0])  # type: ignore[arg-type]
+    controller = Controller(writer, clock=lambda: clock[0])
     stale = _observed(body, 3)  # the index still shows the pods unmarked
     controller.reconcile(body, stale)
     first = [c for c in writer.calls if c[0] == "patch"]

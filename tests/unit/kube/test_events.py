@@ -7,11 +7,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from e2e.cluster import wait_until
 from pdfleet.kube import api
 from pdfleet.kube.api import KubeWriter, event_body
+from pdfleet.kube.errors import APIError
 
 SERVICE = {
     "apiVersion": "pdfleet.ai/v1alpha1",
@@ -33,7 +33,7 @@ class SlowServer:
         self.release.wait(5)
         if self.fail_first:
             self.fail_first = False
-            raise ApiException(status=500, reason="etcd timeout")
+            raise APIError(500, "etcd timeout")
         self.posted.append(body)
         return {}
 
@@ -111,7 +111,7 @@ class Recorder:
     def call(self, method: str, path: str, body: Any = None, **_: Any) -> dict[str, Any]:
         self.calls.append((method, path, body))
         if method == "PATCH" and path.rpartition("/")[2] in self.expired:
-            raise ApiException(status=404, reason="Not Found")
+            raise APIError(404, "Not Found")
         return {"metadata": {"name": f"svc.{len(self.calls)}"}}
 
 

@@ -55,7 +55,7 @@ class Runs:
 
 
 def _controller(writer: Writer) -> Controller:
-    return Controller(writer, preflight_runner=Inline())  # type: ignore[arg-type]
+    return Controller(writer, preflight_runner=Inline())
 
 
 @pytest.fixture
@@ -146,7 +146,7 @@ def test_a_pass_never_waits_for_a_run(runs: Runs, monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr("pdfleet.preflight.io.run", slow)
     pool = ThreadPoolExecutor(max_workers=1)
-    controller = Controller(Writer(), preflight_runner=pool)  # type: ignore[arg-type]
+    controller = Controller(Writer(), preflight_runner=pool)
     body, ready = _body(), _status(True)
     assert _step(controller, body, ready) == (ready, PREFLIGHT_POLL_S)
     assert _step(controller, body, ready) == (ready, PREFLIGHT_POLL_S)

@@ -13,9 +13,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from pdfleet.controller import Controller, rejection_message
+from pdfleet.kube.errors import APIError
 from pdfleet.reconcile.observed import Observed
 from tests.spec_cases import sample
 from tests.unit.fakes import Writer
@@ -43,9 +43,8 @@ class RefusingWriter(Writer):
 
     def apply(self, manifest: Mapping[str, Any], namespace: str) -> dict[str, Any]:
         if manifest["kind"] == "StatefulSet":
-            error = ApiException(status=self.status, reason="Unprocessable Entity")
-            error.body = json.dumps({"kind": "Status", "message": REFUSALS[self.status]})
-            raise error
+            answer = json.dumps({"kind": "Status", "message": REFUSALS[self.status]})
+            raise APIError(self.status, "Unprocessable Entity", answer)
         return super().apply(manifest, namespace)
 
 
@@ -64,7 +63,7 @@ def _conditions(status: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
 def test_a_refused_child_stalls_the_service_with_one_event(code: int) -> None:
     writer = RefusingWriter(code)
     with counted("pdfleet_reconcile_errors_total") as errors:
-        result = Controller(writer, clock=lambda: NOW).reconcile(_body(), Observed())  # type: ignore[arg-type]
+        result = Controller(writer, clock=lambda: NOW).reconcile(_body(), Observed())
     assert errors == {labels(reason=str(code)): 1.0}  # the pass ended normally, but failed
     assert result.status_written
     conditions = _conditions(writer.last_status)
@@ -76,7 +75,7 @@ def test_a_refused_child_stalls_the_service_with_one_event(code: int) -> None:
 
     # The next pass (a resync) finds the same refusal: no status write, no second Event.
     again = RefusingWriter(code)
-    Controller(again, clock=lambda: NOW).reconcile(_body(writer.last_status), Observed())  # type: ignore[arg-type]
+    Controller(again, clock=lambda: NOW).reconcile(_body(writer.last_status), Observed())
     assert ("status", None) not in again.calls
     assert not [c for c in again.calls if c[0] == "event"]
 
@@ -85,15 +84,14 @@ def test_a_transient_error_still_raises_for_a_retry() -> None:
     with (
         counted("pdfleet_reconcile_errors_total") as errors,
         counted("pdfleet_reconcile_duration_seconds_count") as passes,
-        pytest.raises(ApiException),
+        pytest.raises(APIError),
     ):
-        Controller(RefusingWriter(503), clock=lambda: NOW).reconcile(_body(), Observed())  # type: ignore[arg-type]
+        Controller(RefusingWriter(503), clock=lambda: NOW).reconcile(_body(), Observed())
     assert errors == {labels(reason="503"): 1.0}
     assert passes == {labels(): 1.0}  # a failed pass is timed too
 
 
 def test_rejection_message_without_a_json_body() -> None:
-    error = ApiException(status=400, reason="Bad Request")
-    error.body = "<html>proxy error</html>"
+    error = APIError(400, "Bad Request", "<html>proxy error</html>")
     manifest = {"kind": "Service", "metadata": {"name": "x-router"}}
     assert rejection_message(manifest, error) == "Service x-router: Bad Request"

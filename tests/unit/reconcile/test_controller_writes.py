@@ -35,7 +35,7 @@ def test_the_workloads_of_a_pass_are_written_at_once_after_what_they_use() -> No
     body = sample("minimal")
     body["metadata"].update(namespace="ns", uid="u1", generation=1)
     writer = MeetingWriter(workloads=3)  # two StatefulSets and the router Deployment
-    result = Controller(writer, clock=lambda: NOW).reconcile(body, Observed())  # type: ignore[arg-type]
+    result = Controller(writer, clock=lambda: NOW).reconcile(body, Observed())
     assert result.writes == 12
     kinds = [args[0] for call, args in writer.calls if call == "apply"]
     first_workload = min(i for i, kind in enumerate(kinds) if kind in WORKLOADS)
@@ -49,7 +49,7 @@ def test_a_new_services_status_goes_out_before_its_children_and_once() -> None:
     body = sample("minimal")
     body["metadata"].update(namespace="ns", uid="u1", generation=1)
     writer = Writer()
-    Controller(writer, clock=lambda: NOW).reconcile(body, Observed())  # type: ignore[arg-type]
+    Controller(writer, clock=lambda: NOW).reconcile(body, Observed())
     calls = [call for call, _ in writer.calls if call in ("status", "apply")]
     assert calls[0] == "status" and calls.count("status") == 1 and calls.count("apply") == 12
     assert writer.last_status["observedGeneration"] == 1

@@ -1,8 +1,8 @@
 """Carry out a DrainPlan: annotate pods, deregister workers from the routers, recreate, report.
 
 Where it fits: the controller calls `execute()` with the plan of one pool (drain/plan.py), a
-`PodWriter` (in the operator: pdfleet.kube.api.KubeWriter; in the router tests: a stand-in
-that stops simulator processes) and the service's `RouterFleet` (drain/io.py). The replica
+`kube.writer.Writer` (in the operator: pdfleet.kube.api.KubeWriter; in the router tests: a
+stand-in that stops simulator processes) and the service's `RouterFleet` (drain/io.py). The replica
 count is not written here: the controller renders it into the StatefulSet it applies anyway.
 
 Failures are logged and left to the next pass: every step is level-based (a mark is a merge
@@ -14,25 +14,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from pdfleet import labels, metrics
 from pdfleet.drain.io import RouterError, RouterFleet
 from pdfleet.drain.plan import Action, DrainPlan, Kind
+from pdfleet.kube.writer import Writer
 
 log = logging.getLogger(__name__)
-
-
-class PodWriter(Protocol):
-    def patch_merge(
-        self, kind_name: str, namespace: str, name: str, patch: Mapping[str, Any]
-    ) -> None: ...
-
-    def delete(self, kind_name: str, name: str, namespace: str) -> None: ...
-
-    def event(
-        self, involved: Mapping[str, Any], reason: str, message: str, type_: str = "Normal"
-    ) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -54,7 +43,7 @@ def execute(
     role: str,
     namespace: str,
     owner: Mapping[str, Any],
-    writer: PodWriter,
+    writer: Writer,
     fleet: RouterFleet | None,
 ) -> Outcome:
     """Run the plan's actions in order (a mark lands before its deregistration)."""
@@ -93,9 +82,7 @@ def execute(
     return Outcome(writes, tuple(deregistered), tuple(failed), tuple(finished))
 
 
-def _report_finished(
-    action: Action, role: str, owner: Mapping[str, Any], writer: PodWriter
-) -> None:
+def _report_finished(action: Action, role: str, owner: Mapping[str, Any], writer: Writer) -> None:
     metrics.DRAIN_DURATION.labels(role=role).observe(action.duration_s)
     if action.forced:
         metrics.DRAIN_FORCED.labels(role=role).inc()

@@ -15,9 +15,10 @@ from collections.abc import Mapping
 
 from pdfleet import httpclient, labels
 from pdfleet.api.types import parse_duration
-from pdfleet.drain.executor import PodWriter, execute
+from pdfleet.drain.executor import execute
 from pdfleet.drain.io import RouterFleet, read_loads, router_replicas
 from pdfleet.drain.plan import Stage, marks_written, needs_io, plan_drain, worker_url
+from pdfleet.kube.writer import Writer
 from pdfleet.reconcile.memory import Pass
 from pdfleet.reconcile.observed import with_marks
 from pdfleet.render.common import child_name
@@ -33,7 +34,7 @@ DRAIN_POLL_S = 0.5
 
 
 def step(
-    this: Pass, desired: Mapping[str, int], writer: PodWriter
+    this: Pass, desired: Mapping[str, int], writer: Writer
 ) -> tuple[dict[str, int], float | None]:
     """Replica counts to apply while pools drain, and when to come back.
 

@@ -23,6 +23,7 @@ from kubernetes.client import rest
 from kubernetes.client.exceptions import ApiException
 
 from pdfleet import labels
+from pdfleet.kube.errors import APIError
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ KINDS: dict[str, Kind] = {
 
 
 # Connections kept to the API server: the passes' status writes (16 passes at once by default,
-# handlers.WorkQueue), their concurrent child writes (controller.WRITES_IN_FLIGHT), the Event
+# kube.workqueue.WorkQueue), their concurrent child writes (controller.WRITES_IN_FLIGHT), the Event
 # posters and the lease. The client's default (5 per CPU) would open and discard connections
 # on a small node.
 POOL_SIZE = 32
@@ -159,13 +160,21 @@ class KubeWriter:
         query: list[tuple[str, Any]] | None = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
-        """One REST call; raises ApiException (or its 404/409/... subclasses) on failure."""
+        """One REST call; raises APIError for any answer but a success. The kubernetes
+        client's own exceptions stop here: nothing above pdfleet.kube handles them."""
         headers = {"Content-Type": content_type}
-        response = send(self.api, method, path, query or [], headers, body)
+        try:
+            response = send(self.api, method, path, query or [], headers, body)
+        except ApiException as error:  # the client's own checks, before any answer
+            raise APIError(error.status or 0, str(error.reason or ""), str(error.body or ""),
+                           dict(error.headers or {})) from error  # fmt: skip
         data: bytes | None = response.read()  # type: ignore[no-untyped-call]
         if not 200 <= response.status <= 299:
-            raise ApiException.from_response(
-                http_resp=response, body=data.decode(errors="replace") if data else None, data=None
+            raise APIError(
+                response.status,
+                str(response.reason or ""),
+                data.decode(errors="replace") if data else "",
+                dict(response.getheaders() or {}),  # type: ignore[no-untyped-call]
             )
         loaded: dict[str, Any] = json.loads(data) if data else {}
         return loaded
@@ -194,7 +203,7 @@ class KubeWriter:
                 f"{kind.collection(namespace)}/{name}",
                 body={"propagationPolicy": "Background"},
             )
-        except ApiException as error:
+        except APIError as error:
             if error.status != 404:
                 raise
 
@@ -271,7 +280,7 @@ class KubeWriter:
                 self._call("PATCH", f"{collection}/{name}", body=patch,
                            content_type="application/merge-patch+json")  # fmt: skip
                 return
-            except ApiException as error:
+            except APIError as error:
                 if error.status != 404:  # an Event past its TTL: a new one below
                     raise
         posted = self._call("POST", collection, body=body)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
 from concurrent.futures import Executor
-from typing import Any, Protocol
+from typing import Any
 
 from pdfleet.api.v1alpha1 import InferenceService
+from pdfleet.kube.writer import Writer
 from pdfleet.preflight import io, plan
 from pdfleet.reconcile.memory import Pass, PreflightRun
 from pdfleet.reconcile.observed import PodInfo
@@ -28,14 +28,8 @@ log = logging.getLogger(__name__)
 PREFLIGHT_POLL_S = 1.0
 
 
-class EventWriter(Protocol):
-    def event(
-        self, involved: Mapping[str, Any], reason: str, message: str, type_: str = "Normal"
-    ) -> None: ...
-
-
 def step(
-    this: Pass, status: dict[str, Any], writer: EventWriter, runner: Executor
+    this: Pass, status: dict[str, Any], writer: Writer, runner: Executor
 ) -> tuple[dict[str, Any], float | None]:
     """status.kvTransport and KVTransportReady after a KV transport preflight, when one is
     due (preflight/plan.py); and when to come back to retry a run that failed.
