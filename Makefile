@@ -56,10 +56,11 @@ manifests: $(STAMP) ## Generate crds/, the chart's CRDs and docs/api.md from the
 	$(PY) -m pdfleet.api.crd charts/pdfleet/crds
 	$(PY) -m pdfleet.api.docs docs/api.md
 
-lint: $(STAMP) ## Ruff (lint and format) and mypy --strict.
+lint: $(STAMP) ## Ruff (lint and format), mypy --strict and the import contracts.
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 test-unit: $(STAMP) toolchain ## Unit tests: pure code, generated-file drift, chart rendering.
 	$(PYTEST) tests/unit
