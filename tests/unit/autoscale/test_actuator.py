@@ -24,9 +24,9 @@ from pdfleet.autoscale.actuator import (
 from pdfleet.autoscale.attainment import Buckets
 from pdfleet.autoscale.policy import (
     Capacity,
-    Condition,
     Decision,
     MetricsWindow,
+    PolicyCondition,
     PolicyConfig,
     RoleMetrics,
 )
@@ -326,15 +326,17 @@ def test_a_hold_without_metrics_is_counted_with_the_condition_reason() -> None:
 @pytest.mark.parametrize(
     ("conditions", "latency", "reason"),
     [
-        ((Condition("MetricsAvailable", "False", "MetricsStale"),), 3.0, "MetricsStale"),
-        ((Condition("MetricsAvailable", "True", "MetricsFresh"),), 3.0, "OverTarget"),
-        ((Condition("BudgetLimited", "True", "GPUBudget"),), 3.0, "OverTarget"),
-        ((Condition("BudgetLimited", "True", "GPUBudget"),), 0.5, "GPUBudget"),
+        ((PolicyCondition("MetricsAvailable", "False", "MetricsStale"),), 3.0, "MetricsStale"),
+        ((PolicyCondition("MetricsAvailable", "True", "MetricsFresh"),), 3.0, "OverTarget"),
+        ((PolicyCondition("BudgetLimited", "True", "GPUBudget"),), 3.0, "OverTarget"),
+        ((PolicyCondition("BudgetLimited", "True", "GPUBudget"),), 0.5, "GPUBudget"),
         ((), 0.5, "Load"),
         ((), math.nan, "Load"),
     ],
 )
-def test_decision_reason(conditions: tuple[Condition, ...], latency: float, reason: str) -> None:
+def test_decision_reason(
+    conditions: tuple[PolicyCondition, ...], latency: float, reason: str
+) -> None:
     decision = Decision(0.0, 1, 1, 1, 1, ("free text 123/s",), conditions, Capacity(), None)
     assert decision_reason(decision, latency, 1.0) == reason
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from pdfleet.drain.executor import execute
-from pdfleet.drain.plan import Action, DrainPlan, Kind
+from pdfleet.drain.plan import Action, ActionKind, DrainPlan
 from tests.unit.fakes import Writer
 from tests.unit.operator_metrics import counted, labels
 
 OWNER = {"apiVersion": "pdfleet.dev/v1alpha1", "kind": "InferenceService",
          "metadata": {"namespace": "ns", "name": "svc", "uid": "u1"}}  # fmt: skip
-DRAINED = Action(Kind.FINISHED, "svc-decode-2", since="t0", duration_s=7.0)
-FORCED = Action(Kind.FINISHED, "svc-decode-1", since="t0", duration_s=400.0, forced=True,
+DRAINED = Action(ActionKind.FINISHED, "svc-decode-2", since="t0", duration_s=7.0)
+FORCED = Action(ActionKind.FINISHED, "svc-decode-1", since="t0", duration_s=400.0, forced=True,
                 reason="2 requests still running")  # fmt: skip
 
 
@@ -36,7 +36,7 @@ def test_finished_drains_are_timed_and_forced_ones_counted() -> None:
 
 
 def test_a_drain_still_running_reports_nothing() -> None:
-    mark = Action(Kind.MARK, "svc-prefill-1", since="t0")
+    mark = Action(ActionKind.MARK, "svc-prefill-1", since="t0")
     with (
         counted("pdfleet_drain_duration_seconds_count") as drains,
         counted("pdfleet_drain_forced_total") as forced,

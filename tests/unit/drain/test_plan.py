@@ -10,7 +10,7 @@ import pytest
 
 from pdfleet.drain.plan import (
     Action,
-    Kind,
+    ActionKind,
     Stage,
     WorkerLoad,
     needs_io,
@@ -170,7 +170,7 @@ def test_plan_drain(
 
 def test_actions_carry_the_router_url_and_the_start_time() -> None:
     plan = plan_drain(D, 1, 2, [pod(D, 0), pod(D, 1)], {}, NOW, TIMEOUT, PORT)
-    assert plan.actions == [Action(Kind.MARK, "svc-decode-1", url(D, 1), since=rfc3339(NOW))]
+    assert plan.actions == [Action(ActionKind.MARK, "svc-decode-1", url(D, 1), since=rfc3339(NOW))]
     plan = plan_drain(
         D, 1, 2, [pod(D, 0), pod(D, 1, draining=7)], {"svc-decode-1": IDLE}, NOW, TIMEOUT, PORT
     )
@@ -206,13 +206,13 @@ def test_forced_drain_names_the_signal_that_held_it(
     loads = {} if load is None else {f"svc-{role}-1": load}
     pods = [pod(role, 0), pod(role, 1, draining=TIMEOUT + 1)]
     done = plan_drain(role, 1, 2, pods, loads, NOW, TIMEOUT, PORT).actions[-1]
-    assert done.kind is Kind.FINISHED and done.forced and done.reason == reason
+    assert done.kind is ActionKind.FINISHED and done.forced and done.reason == reason
 
 
 def test_a_worker_idle_at_the_timeout_drained() -> None:
     pods = [pod(D, 0), pod(D, 1, draining=TIMEOUT + 1)]
     (done,) = plan_drain(D, 1, 2, pods, {"svc-decode-1": KV_HELD}, NOW, TIMEOUT, PORT).actions
-    assert done.kind is Kind.FINISHED and not done.forced  # a decode holds no KV for anyone
+    assert done.kind is ActionKind.FINISHED and not done.forced  # a decode holds no KV for anyone
 
 
 def test_full_cycle_mark_deregister_wait_remove() -> None:

@@ -143,7 +143,7 @@ def decision_reason(decision: Decision, latency_s: float, target_s: float) -> st
 
 
 @dataclass(frozen=True)
-class Outcome:
+class AutoscaleOutcome:
     """What one decision changes: desired counts and the status fields the autoscaler owns."""
 
     desired: dict[str, int]
@@ -190,7 +190,7 @@ def outcome_of(
     now: datetime,
     now_s: float = math.nan,
     previous_condition: Mapping[str, Any] | None = None,
-) -> Outcome:
+) -> AutoscaleOutcome:
     """Pure: turn a policy decision into status fields and Events.
 
     Figures from a window that cannot be trusted (stale, missing) are not shown as measured.
@@ -248,7 +248,7 @@ def outcome_of(
         labels.ROLE_PREFILL: decision_reason(decision, ttft, config.ttft_target_s),
         labels.ROLE_DECODE: decision_reason(decision, itl, config.itl_target_s),
     }
-    return Outcome(desired, autoscaler, slo, condition, tuple(events), attainment, reasons)
+    return AutoscaleOutcome(desired, autoscaler, slo, condition, tuple(events), attainment, reasons)
 
 
 # A window read that takes longer than this is given up: the step holds and says so. Each
@@ -389,7 +389,7 @@ class Autoscaler:
         current: Mapping[str, int],
         previous_status: Mapping[str, Any] | None,
         now: datetime,
-    ) -> Outcome | None:
+    ) -> AutoscaleOutcome | None:
         """One decision: read the window, decide, remember, describe. None while the window
         is being read: a later pass (`come_back_s`) decides."""
         namespace, name = str(isvc.metadata.namespace), str(isvc.metadata.name)
@@ -441,7 +441,7 @@ def _export_metrics(
     namespace: str,
     name: str,
     before: Mapping[str, int],
-    outcome: Outcome,
+    outcome: AutoscaleOutcome,
     config: PolicyConfig,
     window: MetricsWindow | None,
 ) -> None:

@@ -178,7 +178,7 @@ class MetricsWindow:
 
 
 @dataclass(frozen=True)
-class Condition:
+class PolicyCondition:
     type: str
     status: Literal["True", "False", "Unknown"]
     reason: str
@@ -186,7 +186,7 @@ class Condition:
 
 
 @dataclass(frozen=True)
-class Observed:
+class DemandSample:
     """What a decision saw, kept for trends and for telling stable windows from transitions."""
 
     prefill_demand: float  # prompt tokens/s
@@ -223,9 +223,9 @@ class Decision:
     recommended_prefill: int  # before stabilization, burst floor, step limits and budget
     recommended_decode: int
     reasons: tuple[str, ...]
-    conditions: tuple[Condition, ...]
+    conditions: tuple[PolicyCondition, ...]
     capacity: Capacity
-    observed: Observed | None
+    observed: DemandSample | None
 
     def desired(self, role: Role) -> int:
         return self.prefill if role == "prefill" else self.decode
@@ -608,24 +608,24 @@ def _hold(
         recommended_prefill=desired["prefill"],
         recommended_decode=desired["decode"],
         reasons=(f"holding: {reason}",),
-        conditions=(Condition("MetricsAvailable", "False", reason), *_pending(fleet)),
+        conditions=(PolicyCondition("MetricsAvailable", "False", reason), *_pending(fleet)),
         capacity=last.capacity if last else Capacity(),
         observed=None,
     )
 
 
-def _pending(fleet: dict[Role, RoleReplicas]) -> tuple[Condition, ...]:
+def _pending(fleet: dict[Role, RoleReplicas]) -> tuple[PolicyCondition, ...]:
     stuck = [f"{r}={fleet[r].pending}" for r in ROLES if fleet[r].pending > 0]
     if stuck:
         return (
-            Condition(
+            PolicyCondition(
                 "InsufficientCapacity",
                 "True",
                 "PodsPending",
                 "pending replicas: " + ", ".join(stuck),
             ),
         )
-    return (Condition("InsufficientCapacity", "False", "AllScheduled"),)
+    return (PolicyCondition("InsufficientCapacity", "False", "AllScheduled"),)
 
 
 def _learn(
@@ -821,9 +821,9 @@ def decide(
     for r in ROLES:
         if final[r] != current[r]:
             reasons.append(f"{r}: {current[r]} -> {final[r]}")
-    conditions = [Condition("MetricsAvailable", "True", "MetricsFresh"), *_pending(fleet)]
+    conditions = [PolicyCondition("MetricsAvailable", "True", "MetricsFresh"), *_pending(fleet)]
     if budget_reasons:
-        conditions.append(Condition("BudgetLimited", "True", "GPUBudget", budget_reasons[-1]))
+        conditions.append(PolicyCondition("BudgetLimited", "True", "GPUBudget", budget_reasons[-1]))
     return Decision(
         at_s=now_s,
         prefill=final["prefill"],
@@ -833,7 +833,7 @@ def decide(
         reasons=tuple(reasons),
         conditions=tuple(conditions),
         capacity=learned,
-        observed=Observed(
+        observed=DemandSample(
             prefill_demand=views["prefill"].demand,
             decode_demand=views["decode"].demand,
             prefill_ready=prefill.ready,
@@ -859,10 +859,10 @@ def trim_history(
 
 __all__ = [
     "Capacity",
-    "Condition",
     "Decision",
+    "DemandSample",
     "MetricsWindow",
-    "Observed",
+    "PolicyCondition",
     "PolicyConfig",
     "RoleMetrics",
     "RoleReplicas",

@@ -18,14 +18,14 @@ from typing import Any
 
 from pdfleet import labels, metrics
 from pdfleet.drain.io import RouterError, RouterFleet
-from pdfleet.drain.plan import Action, DrainPlan, Kind
+from pdfleet.drain.plan import Action, ActionKind, DrainPlan
 from pdfleet.kube.writer import Writer
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Outcome:
+class DrainOutcome:
     """What the pass did, for the controller's log and tests."""
 
     writes: int
@@ -45,21 +45,21 @@ def execute(
     owner: Mapping[str, Any],
     writer: Writer,
     fleet: RouterFleet | None,
-) -> Outcome:
+) -> DrainOutcome:
     """Run the plan's actions in order (a mark lands before its deregistration)."""
     writes = 0
     deregistered: list[str] = []
     failed: list[str] = []
     finished: list[Action] = []
     for action in plan.actions:
-        if action.kind is Kind.MARK:
+        if action.kind is ActionKind.MARK:
             writer.patch_merge("Pod", namespace, action.pod, annotation_patch(action.since))
             writes += 1
-        elif action.kind is Kind.UNMARK:
+        elif action.kind is ActionKind.UNMARK:
             writer.patch_merge("Pod", namespace, action.pod, annotation_patch(None))
             writes += 1
             writer.event(owner, "DrainCancelled", f"{action.pod} serves again ({role})")
-        elif action.kind is Kind.RECREATE:
+        elif action.kind is ActionKind.RECREATE:
             writer.delete("Pod", action.pod, namespace)
             writes += 1
             writer.event(
@@ -67,7 +67,7 @@ def execute(
                 "DrainCancelled",
                 f"{action.pod} was deregistered; recreating it so the router adds it back",
             )
-        elif action.kind is Kind.DEREGISTER:
+        elif action.kind is ActionKind.DEREGISTER:
             if fleet is None or action.url is None:
                 continue
             try:
@@ -76,10 +76,10 @@ def execute(
             except RouterError as error:
                 failed.append(action.pod)
                 log.warning("deregistering %s (%s) failed: %s", action.pod, action.url, error)
-        elif action.kind is Kind.FINISHED:
+        elif action.kind is ActionKind.FINISHED:
             finished.append(action)
             _report_finished(action, role, owner, writer)
-    return Outcome(writes, tuple(deregistered), tuple(failed), tuple(finished))
+    return DrainOutcome(writes, tuple(deregistered), tuple(failed), tuple(finished))
 
 
 def _report_finished(action: Action, role: str, owner: Mapping[str, Any], writer: Writer) -> None:

@@ -76,7 +76,7 @@ class Stage(StrEnum):
     DONE = "Done"
 
 
-class Kind(StrEnum):
+class ActionKind(StrEnum):
     MARK = "Mark"
     """Annotate the pod draining (value: `since`)."""
     UNMARK = "Unmark"
@@ -92,7 +92,7 @@ class Kind(StrEnum):
 
 @dataclass(frozen=True)
 class Action:
-    kind: Kind
+    kind: ActionKind
     pod: str
     url: str | None = None
     since: str | None = None
@@ -160,14 +160,14 @@ def _victim(
         # Already leaving through its preStop, or never got an address: nothing to drain.
         return Stage.DONE, []
     if not pod.draining_since:
-        return Stage.MARKED, [Action(Kind.MARK, pod.name, url, since=rfc3339(now))]
+        return Stage.MARKED, [Action(ActionKind.MARK, pod.name, url, since=rfc3339(now))]
     elapsed = _elapsed_s(pod, now)
     registered = load.registered if load is not None else None
     # Unknown counts as registered: a DELETE of an absent URL is harmless, a skipped one is not.
-    deregister = [Action(Kind.DEREGISTER, pod.name, url)] if registered is not False else []
+    deregister = [Action(ActionKind.DEREGISTER, pod.name, url)] if registered is not False else []
     if registered is False and load is not None and load.idle(pod.role):
         # Checked before the timeout: a worker that went idle by then drained, not forced.
-        return Stage.DONE, [Action(Kind.FINISHED, pod.name, url, pod.draining_since, elapsed)]
+        return Stage.DONE, [Action(ActionKind.FINISHED, pod.name, url, pod.draining_since, elapsed)]
     if elapsed >= timeout_s:
         if load is None:
             why = "timeout (no reading)"
@@ -175,7 +175,7 @@ def _victim(
             why = "timeout (still registered)"
         else:
             why = f"timeout ({load.holding(pod.role)})"
-        done = Action(Kind.FINISHED, pod.name, url, pod.draining_since, elapsed, True, why)
+        done = Action(ActionKind.FINISHED, pod.name, url, pod.draining_since, elapsed, True, why)
         return Stage.DONE, [*deregister, done]
     if registered is not False:
         return Stage.MARKED, deregister if stayers_serving else []
@@ -195,9 +195,9 @@ def _returning(
         return Stage.DEREGISTERED, []  # being recreated; it comes back without the mark
     registered = load.registered if load is not None else None
     if registered is True:
-        return Stage.SERVING, [Action(Kind.UNMARK, pod.name, url, reason="still registered")]
+        return Stage.SERVING, [Action(ActionKind.UNMARK, pod.name, url, reason="still registered")]
     # Deregistered, or unknown: only a fresh pod is added back by the router's discovery.
-    return Stage.DEREGISTERED, [Action(Kind.RECREATE, pod.name, url, reason="deregistered")]
+    return Stage.DEREGISTERED, [Action(ActionKind.RECREATE, pod.name, url, reason="deregistered")]
 
 
 def plan_drain(
@@ -263,8 +263,8 @@ def marks_written(actions: Sequence[Action]) -> dict[str, str | None]:
     """The drain marks `actions` write: pod -> since, or None where a mark goes."""
     marks: dict[str, str | None] = {}
     for action in actions:
-        if action.kind is Kind.MARK:
+        if action.kind is ActionKind.MARK:
             marks[action.pod] = action.since
-        elif action.kind in (Kind.UNMARK, Kind.RECREATE):
+        elif action.kind in (ActionKind.UNMARK, ActionKind.RECREATE):
             marks[action.pod] = None
     return marks

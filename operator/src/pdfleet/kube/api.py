@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Kind:
+class ResourceKind:
     group_version: str
     plural: str
 
@@ -48,21 +48,23 @@ class Kind:
         return f"{prefix}{scope}/{self.plural}"
 
 
-KINDS: dict[str, Kind] = {
-    "ServiceAccount": Kind("v1", "serviceaccounts"),
-    "Service": Kind("v1", "services"),
-    "ConfigMap": Kind("v1", "configmaps"),
-    "Pod": Kind("v1", "pods"),
-    "Event": Kind("v1", "events"),
-    "PodDisruptionBudget": Kind("policy/v1", "poddisruptionbudgets"),
-    "StatefulSet": Kind("apps/v1", "statefulsets"),
-    "Deployment": Kind("apps/v1", "deployments"),
-    "Role": Kind("rbac.authorization.k8s.io/v1", "roles"),
-    "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
-    "NetworkPolicy": Kind("networking.k8s.io/v1", "networkpolicies"),
+KINDS: dict[str, ResourceKind] = {
+    "ServiceAccount": ResourceKind("v1", "serviceaccounts"),
+    "Service": ResourceKind("v1", "services"),
+    "ConfigMap": ResourceKind("v1", "configmaps"),
+    "Pod": ResourceKind("v1", "pods"),
+    "Event": ResourceKind("v1", "events"),
+    "PodDisruptionBudget": ResourceKind("policy/v1", "poddisruptionbudgets"),
+    "StatefulSet": ResourceKind("apps/v1", "statefulsets"),
+    "Deployment": ResourceKind("apps/v1", "deployments"),
+    "Role": ResourceKind("rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": ResourceKind("rbac.authorization.k8s.io/v1", "rolebindings"),
+    "NetworkPolicy": ResourceKind("networking.k8s.io/v1", "networkpolicies"),
     # Read only: the Multus networks a fabric names (kube/networks.py).
-    "NetworkAttachmentDefinition": Kind("k8s.cni.cncf.io/v1", "network-attachment-definitions"),
-    labels.KIND: Kind(labels.API_VERSION, labels.PLURAL),
+    "NetworkAttachmentDefinition": ResourceKind(
+        "k8s.cni.cncf.io/v1", "network-attachment-definitions"
+    ),
+    labels.KIND: ResourceKind(labels.API_VERSION, labels.PLURAL),
 }
 
 
