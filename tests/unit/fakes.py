@@ -7,6 +7,8 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, Future
 from typing import Any
 
+from pdfleet.api.v1alpha1 import InferenceServiceStatus
+
 
 class Writer:
     def __init__(self) -> None:
@@ -21,6 +23,8 @@ class Writer:
         self.calls.append(("delete", (kind_name, name)))
 
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        # What the runtime writes must be what the CRD's schema (the same models) admits.
+        InferenceServiceStatus.model_validate({k: v for k, v in status.items() if v is not None})
         self.calls.append(("status", None))
         self.last_status = dict(status)
 

@@ -6,8 +6,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
-from pdfleet.api.v1alpha1 import InferenceService
+from pdfleet.api.v1alpha1 import InferenceService, InferenceServiceStatus
 from pdfleet.reconcile.observed import ChildRef, Observed, PodInfo
 from pdfleet.reconcile.status import (
     compute_status,
@@ -235,3 +236,20 @@ def test_progress_interval_grows_with_the_services_not_ready_within_bounds() -> 
     assert progress_interval_s(1, 5.0, 5.0, 60.0) == 5.0  # a lone start-up
     assert progress_interval_s(100, 5.0, 5.0, 60.0) == 20.0  # 100 at 5 writes/s together
     assert progress_interval_s(1000, 5.0, 5.0, 60.0) == 60.0
+
+
+def test_the_status_the_runtime_builds_is_what_the_crd_admits() -> None:
+    """The status is built from the same models the CRD's schema comes from, and the unit
+    tests' Writer checks every status written against them: the two cannot drift."""
+    pods = (_pod("prefill", 0), _pod("decode", 0, ready=False, phase="Pending"))
+    status = compute_status(
+        _service(), Observed(pods=pods), None, {"prefill": 1, "decode": 2}, NOW, 0
+    )
+    InferenceServiceStatus.model_validate(status)
+    stalled = invalid_status(status, 3, "bad", NOW)
+    InferenceServiceStatus.model_validate(stalled)
+    # A field the CRD does not know is refused, as the API server would prune it.
+    with pytest.raises(ValidationError, match=r"prefill\.spare"):
+        InferenceServiceStatus.model_validate(
+            {**status, "prefill": {**status["prefill"], "spare": 1}}
+        )

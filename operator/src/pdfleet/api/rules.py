@@ -137,6 +137,12 @@ class ApiModel(BaseModel):
                 )
         return self
 
+    def wire(self, *, nulls: bool = False) -> dict[str, Any]:
+        """The object as the API server stores it (camelCase JSON). Unset optional fields
+        are left out, or sent as null with `nulls`: in a merge patch, null removes a field
+        an earlier write set."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=not nulls)
+
 
 def error_paths(error: ValidationError) -> list[str]:
     """Each error of a validation as "spec.prefill.replicas.initial: message".

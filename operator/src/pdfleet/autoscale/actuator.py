@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from pdfleet import labels, metrics
 from pdfleet.api.types import format_duration, parse_duration
-from pdfleet.api.v1alpha1 import CapacityHintSpec, InferenceService
+from pdfleet.api.v1alpha1 import CapacityHintSpec, InferenceService, SLOStatus
 from pdfleet.autoscale.attainment import slo_attainment
 from pdfleet.autoscale.policy import (
     Decision,
@@ -212,23 +212,20 @@ def outcome_of(
     shown = window if usable else None
     ttft = shown.prefill.ttft_s if shown and shown.prefill else math.nan
     itl = shown.decode.itl_s if shown and shown.decode else math.nan
-    slo: dict[str, Any] = {
-        "ttft": _measured(ttft, config.ttft_target_s),
-        "itl": _measured(itl, config.itl_target_s),
-        "window": format_duration(shown.window_s) if shown else "",
-    }
-    if not math.isnan(ttft):
-        slo["ttftSeconds"] = round(ttft, 4)
-    if not math.isnan(itl):
-        slo["itlSeconds"] = round(itl, 4)
     attainment = slo_attainment(
         shown.ttft_buckets if shown else (),
         shown.tpot_buckets if shown else (),
         config.ttft_target_s,
         config.itl_target_s,
     )
-    if not math.isnan(attainment["both"]):
-        slo["attainment"] = round(attainment["both"], 4)
+    slo = SLOStatus(
+        ttft=_measured(ttft, config.ttft_target_s),
+        itl=_measured(itl, config.itl_target_s),
+        window=format_duration(shown.window_s) if shown else "",
+        ttft_seconds=None if math.isnan(ttft) else round(ttft, 4),
+        itl_seconds=None if math.isnan(itl) else round(itl, 4),
+        attainment=None if math.isnan(attainment["both"]) else round(attainment["both"], 4),
+    ).wire()
     condition = {"type": METRICS_AVAILABLE, "status": "True", "reason": "MetricsFresh",
                  "message": "the latency and load signals are fresh"}  # fmt: skip
     if available is not None and not usable:

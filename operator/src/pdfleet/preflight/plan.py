@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any, TypeGuard
 
 from pdfleet import labels
-from pdfleet.api.v1alpha1 import InferenceService
+from pdfleet.api.v1alpha1 import InferenceService, KVTransportStatus
 from pdfleet.reconcile.observed import Observed, PodInfo
 from pdfleet_wire.preflight import DTYPE_BYTES, KVCacheShape, PreflightRequest, PreflightResult
 
@@ -188,21 +188,22 @@ def record(
     """status.kvTransport for a run."""
     bandwidth = result.bandwidth_bytes_per_s
     expected = expected_transfer_s(isvc, result)
-    return {
-        "fingerprint": fingerprint(isvc),
-        "measuredTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "prefillPod": pair[0].name,
-        "decodePod": pair[1].name,
-        "transport": result.transport,
-        "transportKind": result.transport_kind,
-        "memory": result.memory,
-        "bandwidthGbps": None if bandwidth is None else round(bandwidth / 1e9, 3),
-        "latencyMs": None if result.latency_s is None else round(result.latency_s * 1e3, 3),
-        "payloadBytes": result.total_bytes,
-        "expectedTransferSeconds": None if expected is None else round(expected, 4),
-        "verified": result.verified,
-        "error": "" if result.ok else (result.error or "failed")[:1000],
-    }
+    # With nulls: a figure this run could not measure removes the previous run's.
+    return KVTransportStatus(
+        fingerprint=fingerprint(isvc),
+        measured_time=now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        prefill_pod=pair[0].name,
+        decode_pod=pair[1].name,
+        transport=result.transport,
+        transport_kind=result.transport_kind,
+        memory=result.memory,
+        bandwidth_gbps=None if bandwidth is None else round(bandwidth / 1e9, 3),
+        latency_ms=None if result.latency_s is None else round(result.latency_s * 1e3, 3),
+        payload_bytes=result.total_bytes,
+        expected_transfer_seconds=None if expected is None else round(expected, 4),
+        verified=result.verified,
+        error="" if result.ok else (result.error or "failed")[:1000],
+    ).wire(nulls=True)
 
 
 def _figures(isvc: InferenceService, result: PreflightResult) -> str:

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pdfleet import labels
 from pdfleet.api.types import parse_duration
-from pdfleet.api.v1alpha1 import InferenceService
+from pdfleet.api.v1alpha1 import Condition, InferenceService, RoleStatus
 from pdfleet.reconcile.observed import Observed, PodInfo, Stuck, parse_time
 from pdfleet.render.common import child_name
 from pdfleet.render.router import endpoint
@@ -60,14 +60,14 @@ class ConditionValue:
 def role_status(pods: Sequence[PodInfo], desired: int) -> dict[str, Any]:
     live = [p for p in pods if not p.terminating]
     ready = sum(1 for p in live if p.ready and not p.draining_since)
-    return {
-        "desired": desired,
-        "replicas": len(live),
-        "ready": ready,
-        "pending": sum(1 for p in live if p.pending),
-        "draining": sum(1 for p in pods if p.draining_since),
-        "summary": f"{ready}/{desired}",
-    }
+    return RoleStatus(
+        desired=desired,
+        replicas=len(live),
+        ready=ready,
+        pending=sum(1 for p in live if p.pending),
+        draining=sum(1 for p in pods if p.draining_since),
+        summary=f"{ready}/{desired}",
+    ).wire()
 
 
 def _age_s(since: str | None, now: datetime) -> float:
@@ -279,20 +279,18 @@ def merge_conditions(
     stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
     merged = []
     for value in values:
-        status = "True" if value.status else "False"
+        status: Literal["True", "False"] = "True" if value.status else "False"
         old = before.get(value.type) or {}
         changed = old.get("status") != status
-        merged.append(
-            {
-                "type": value.type,
-                "status": status,
-                "reason": value.reason,
-                "message": value.message,
-                "lastTransitionTime": stamp if changed else old.get("lastTransitionTime", stamp),
-            }
+        condition = Condition(
+            type=value.type,
+            status=status,
+            reason=value.reason,
+            message=value.message,
+            last_transition_time=stamp if changed else old.get("lastTransitionTime", stamp),
+            observed_generation=generation,
         )
-        if generation is not None:
-            merged[-1]["observedGeneration"] = generation
+        merged.append(condition.wire())
     return merged
 
 
