@@ -31,6 +31,37 @@ _PARALLEL = [0, 1, 2, 8, 64, 65]
 _NAMES = ["llama", "a" * 44, "a" * 45, "1abc", "a.b", "Upper", "x-", "b-2"]
 _TOKEN_REF = {"name": "hub-token", "key": "token"}
 
+
+def _role_fields(role: str) -> list[tuple[Path, Sequence[Any]]]:
+    """The fields each pool has, under spec.<role>."""
+    return [
+        (("spec", role, "replicas", "min"), _REPLICAS),
+        (("spec", role, "replicas", "max"), _REPLICAS),
+        (("spec", role, "replicas", "initial"), [None, *_REPLICAS]),
+        (("spec", role, "parallelism", "tensor"), _PARALLEL),
+        (("spec", role, "parallelism", "data"), _PARALLEL),
+        (("spec", role, "resources", "requests", "cpu"), _QUANTITIES),
+        (("spec", role, "resources", "limits", "cpu"), _QUANTITIES),
+        (("spec", role, "resources", "limits", "nvidia.com/gpu"), [None, 1]),
+        (("spec", role, "sharedMemory"), _QUANTITIES),
+        (("spec", role, "gpuResource"), ["nvidia.com/gpu", "amd.com/gpu", "bad resource!"]),
+        (
+            ("spec", role, "nodeSelector"),
+            [{}, {"nvidia.com/gpu.product": "NVIDIA-H200"}, {"bad key!": "v"}],
+        ),
+        (("spec", role, "affinity"), [None, {"nodeAffinity": "everywhere"}]),
+        (
+            ("spec", role, "tolerations"),
+            [
+                [],
+                [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                [{"key": "gpu", "operator": "Exists", "value": "yes"}],
+                [{"key": "gpu", "operator": "Equal", "value": "a", "effect": "Sometimes"}],
+            ],
+        ),
+    ]
+
+
 # (path under the object, candidate values); None deletes the field.
 FIELDS: list[tuple[Path, Sequence[Any]]] = [
     (("metadata", "name"), _NAMES),
@@ -78,36 +109,7 @@ FIELDS: list[tuple[Path, Sequence[Any]]] = [
             {"rdmaResource": "rdma/ib", "ucx": {"gidIndex": 256, "tls": "rc_x,rc"}},
         ],
     ),
-    *[
-        item
-        for role in ("prefill", "decode")
-        for item in [
-            (("spec", role, "replicas", "min"), _REPLICAS),
-            (("spec", role, "replicas", "max"), _REPLICAS),
-            (("spec", role, "replicas", "initial"), [None, *_REPLICAS]),
-            (("spec", role, "parallelism", "tensor"), _PARALLEL),
-            (("spec", role, "parallelism", "data"), _PARALLEL),
-            (("spec", role, "resources", "requests", "cpu"), _QUANTITIES),
-            (("spec", role, "resources", "limits", "cpu"), _QUANTITIES),
-            (("spec", role, "resources", "limits", "nvidia.com/gpu"), [None, 1]),
-            (("spec", role, "sharedMemory"), _QUANTITIES),
-            (("spec", role, "gpuResource"), ["nvidia.com/gpu", "amd.com/gpu", "bad resource!"]),
-            (
-                ("spec", role, "nodeSelector"),
-                [{}, {"nvidia.com/gpu.product": "NVIDIA-H200"}, {"bad key!": "v"}],
-            ),
-            (("spec", role, "affinity"), [None, {"nodeAffinity": "everywhere"}]),
-            (
-                ("spec", role, "tolerations"),
-                [
-                    [],
-                    [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                    [{"key": "gpu", "operator": "Exists", "value": "yes"}],
-                    [{"key": "gpu", "operator": "Equal", "value": "a", "effect": "Sometimes"}],
-                ],
-            ),
-        ]
-    ],
+    *[item for role in ("prefill", "decode") for item in _role_fields(role)],
     (("spec", "router", "type"), ["vllm-router", "external", "nginx"]),
     (("spec", "router", "replicas"), [0, 1, 2, 33]),
     (("spec", "router", "policy"), ["round_robin", "cache_aware", "fastest"]),

@@ -6,11 +6,11 @@ import asyncio
 import os
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from pdfleet.handlers import CountDown, ServiceCache, _resync, _serve
-from pdfleet.kube import workqueue
 from pdfleet.kube.errors import APIError
 from pdfleet.kube.workqueue import NEW, RESYNC, URGENT, WorkQueue, retry_after
 from tests.unit.operator_metrics import counted
@@ -210,7 +210,7 @@ async def test_no_pass_runs_until_every_informer_has_listed() -> None:
 async def test_the_resync_spreads_every_service_over_the_interval() -> None:
     """One service every interval/N, not a sweep of N at once every interval."""
     queue = WorkQueue(run=lambda _: None)
-    services = {("ns", f"svc-{i}"): {} for i in range(4)}
+    services: dict[tuple[str, str], dict[str, Any]] = {("ns", f"svc-{i}"): {} for i in range(4)}
     slept: list[float] = []
 
     async def sleep(seconds: float) -> None:
@@ -243,7 +243,7 @@ async def test_the_wait_in_the_queue_is_measured_by_priority(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = [50.0]
-    monkeypatch.setattr(workqueue.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr("pdfleet.kube.workqueue.time.monotonic", lambda: clock[0])
     queue = WorkQueue(run=lambda _: None)
     with counted("pdfleet_queue_wait_seconds_sum") as waited:
         queue.put(("ns", "created"), NEW)

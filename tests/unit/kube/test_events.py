@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -115,13 +116,17 @@ class Recorder:
         return {"metadata": {"name": f"svc.{len(self.calls)}"}}
 
 
+def _posted(server: Recorder, count: int) -> bool:
+    return len(server.calls) == count
+
+
 def test_a_repeated_event_counts_up_on_the_one_posted(monkeypatch: pytest.MonkeyPatch) -> None:
     server = Recorder()
     writer = KubeWriter(api=None)  # type: ignore[arg-type]
     monkeypatch.setattr(writer, "_call", server.call)
     for i in range(3):  # a pass apart each: two posters may take two of a burst at once
         writer.event(SERVICE, "MetricsUnavailable", "MetricsMissing: no series", "Warning")
-        _wait_for(lambda n=i + 1: len(server.calls) == n)
+        _wait_for(functools.partial(_posted, server, i + 1))
     writer.event(SERVICE, "MetricsUnavailable", "MetricsStale: 600s old", "Warning")
     _wait_for(lambda: len(server.calls) == 4)
     methods = [(m, p.rpartition("/")[2]) for m, p, _ in server.calls]

@@ -30,7 +30,7 @@ def _stamp(moment: datetime) -> str:
 
 
 def _service(**spec: Any) -> dict[str, Any]:
-    obj = merge_patch(sample("minimal"), {"spec": spec})
+    obj: dict[str, Any] = merge_patch(sample("minimal"), {"spec": spec})
     obj["metadata"].update(namespace="serving", uid="u1", generation=1)
     return obj
 

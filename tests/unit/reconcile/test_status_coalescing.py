@@ -34,7 +34,7 @@ def _created(
     """A controller that has just created a service's children and written its first status,
     on a monotonic clock the test moves by hand."""
     clock = [100.0]
-    monkeypatch.setattr(controller_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr("pdfleet.controller.time.monotonic", lambda: clock[0])
     body = sample("minimal")
     body["metadata"].update(namespace="ns", uid="u1", generation=1)
     writer = Writer()

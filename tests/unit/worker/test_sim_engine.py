@@ -199,7 +199,7 @@ async def _until(condition: Callable[[], bool]) -> None:
     raise AssertionError("the transfer task did not get there")
 
 
-WAITING = (
+WAITING: list[tuple[str, dict[str, str]]] = (
     [("vllm:num_requests_waiting", {})]
     + [("vllm:num_requests_waiting_by_reason", {"reason": r}) for r in ("capacity", "deferred")]
     + [

@@ -76,7 +76,7 @@ class Pair:
         return params
 
     async def decode(self, params: dict[str, Any]) -> tuple[int, str]:
-        """(status, where the decode's prompt came from), as e2e/differential.py tells."""
+        """(status, where the decode's prompt came from), as e2e/scenarios/differential.py tells."""
         before = await by_source(self.decode_client)
         body = {"prompt": PROMPT, "max_tokens": 4, "kv_transfer_params": params}
         r = await self.decode_client.post("/v1/completions", json=body)
@@ -136,10 +136,10 @@ class Case(NamedTuple):
     failed_transfers: int = 0
 
 
-TRANSFER_FAILED = {"outcome": FAILED, "failed_transfers": 1}
-RECOMPUTED = {"outcome": COMPUTED, "policy": "recompute", "failed_transfers": 1}
-NO_SIDE_CHANNEL = {"change": _with(), "gone": (SIDE_CHANNEL,)}
-NO_SUCH_BLOCK = {"change": _with(remote_block_ids=[[10**9]])}
+TRANSFER_FAILED: dict[str, Any] = {"outcome": FAILED, "failed_transfers": 1}
+RECOMPUTED: dict[str, Any] = {"outcome": COMPUTED, "policy": "recompute", "failed_transfers": 1}
+NO_SIDE_CHANNEL: dict[str, Any] = {"change": _with(), "gone": (SIDE_CHANNEL,)}
+NO_SUCH_BLOCK: dict[str, Any] = {"change": _with(remote_block_ids=[[10**9]])}
 DECODE_CASES = [
     Case("valid", _with(), LOADED),
     Case("without tp_size", _without("tp_size"), LOADED),

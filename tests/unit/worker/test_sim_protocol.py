@@ -110,7 +110,7 @@ def _assert_prefill_params(params: Any, prompt_tokens: int, request_id: str) -> 
 
 
 async def test_prefill_response_carries_vllm_033_kv_transfer_params(sims: InProcess) -> None:
-    prompts = {
+    prompts: dict[str, dict[str, Any]] = {
         "/v1/completions": {"prompt": list(range(100))},
         "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi " * 40}]},
     }
@@ -232,7 +232,7 @@ async def test_the_fingerprint_names_tensor_parallelism(sims: InProcess) -> None
 
 
 # (method, path, JSON body sent, JSON answer; None: an empty 200)
-PLAIN = [
+PLAIN: list[tuple[str, str, dict[str, Any] | None, Any]] = [
     ("GET", "/health", None, None),
     ("GET", "/ping", None, None),
     ("GET", "/load", None, {"server_load": 0}),
@@ -337,12 +337,18 @@ LATENCY_BUCKETS = (
 )
 # The 1-2-5 series up to --max-model-len 4096.
 TOKEN_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)
-ITERATION_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0)
-ITERATION_BUCKETS += (4096.0, 8192.0, 16384.0)
-NIXL_POST_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
-NIXL_POST_BUCKETS += (5.0,)
-NIXL_DESCRIPTOR_BUCKETS = (10.0, 20.0, 30.0, 50.0, 75.0, 100.0, 200.0, 400.0, 1000.0, 2000.0)
-NIXL_DESCRIPTOR_BUCKETS += (4000.0, 10000.0, 20000.0, 50000.0)
+ITERATION_BUCKETS = (
+    *(1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0),
+    *(4096.0, 8192.0, 16384.0),
+)
+NIXL_POST_BUCKETS = (
+    *(0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0),
+    *(5.0,),
+)
+NIXL_DESCRIPTOR_BUCKETS = (
+    *(10.0, 20.0, 30.0, 50.0, 75.0, 100.0, 200.0, 400.0, 1000.0, 2000.0),
+    *(4000.0, 10000.0, 20000.0, 50000.0),
+)
 ENGINE = frozenset({"model_name", "engine"})
 
 # A family as the Prometheus parser names it (counters without `_total`): its type, its
