@@ -7,21 +7,24 @@ PYTEST := $(VENV)/bin/pytest
 STAMP := $(VENV)/.installed
 # Everything that talks to a cluster, a router or Prometheus runs inside one private network
 # namespace: pod IPs are real there and nothing can leave the machine (docs/testinfra.md).
-NETNS := e2e/netns.sh
-INTEGRATION_TESTS := tests/integration tests/router tests/prometheus tests/preflight
-E2E_TESTS := tests/e2e_bridge
+NETNS := e2e/platform/netns.sh
+# The chart rendered by the toolchain's helm and checked by its promtool, then a real
+# kube-apiserver, vllm-router and Prometheus.
+INTEGRATION_TESTS := tests/integration/chart tests/integration/cluster tests/integration/router \
+	tests/integration/prometheus tests/integration/preflight
+E2E_TESTS := tests/e2e/bridge
 # Long scenario proofs on the local cluster (autoscaling under a load shift, the short fault
 # suite): part of `make test`; their latency bounds assume the machine is not shared with
 # other runs. The drain cycles run on their own (`make test-drain`): one of their drains
 # in 15 waited for its timeout in a CI run, with nothing in flight (docs/drain.md, open).
-SCENARIO_TESTS := tests/e2e_autoscale tests/e2e_faults
-DRAIN_TESTS := tests/e2e_drain
-# Real vLLM (its CPU build, e2e/engine.sh) in the local cluster: P/D over NIXL, the preflight,
-# the autoscaler's signals, a scale-down under load, and the simulator held to the engine.
-# Three engines of ~4 GB each; about 10 minutes with the engines' start.
-ENGINE_TESTS := tests/e2e_engine
+SCENARIO_TESTS := tests/e2e/autoscale tests/e2e/faults
+DRAIN_TESTS := tests/e2e/drain
+# Real vLLM (its CPU build, e2e/platform/engine.sh) in the local cluster: P/D over NIXL, the
+# preflight, the autoscaler's signals, a scale-down under load, and the simulator held to the
+# engine. Three engines of ~4 GB each; about 10 minutes with the engines' start.
+ENGINE_TESTS := tests/e2e/engine
 # The worker image's Python environment resolved from PyPI (outside the network namespace).
-IMAGE_TESTS := tests/image
+IMAGE_TESTS := tests/integration/image
 DEMO_ARGS ?=
 NIXL_PIN := nixl-cu12==1.5.1
 BENCH_SCALE_ARGS ?=
@@ -46,10 +49,10 @@ $(STAMP): pyproject.toml
 install: $(STAMP) ## Create .venv with pdfleet and its development dependencies.
 
 toolchain: ## Build the pinned Kubernetes/etcd/kwok/helm/prometheus binaries (cached outside the checkout).
-	e2e/toolchain.sh
+	e2e/platform/toolchain.sh
 
 engine: ## Install the real vLLM CPU engine and a tiny local model (cached outside the checkout).
-	e2e/engine.sh
+	e2e/platform/engine.sh
 
 manifests: $(STAMP) ## Generate crds/, the chart's CRDs and docs/api.md from the API models.
 	$(PY) -m pdfleet.api.crd crds
@@ -62,12 +65,12 @@ lint: $(STAMP) ## Ruff (lint and format), mypy --strict and the import contracts
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-test-unit: $(STAMP) toolchain ## Unit tests: pure code, generated-file drift, chart rendering.
+test-unit: $(STAMP) ## Unit tests: pure code and generated-file drift (no Kubernetes toolchain).
 	$(PYTEST) tests/unit
 
 verify: lint test-unit ## Lint, types, generated-file drift and unit tests.
 
-test-integration: $(STAMP) toolchain ## Real kube-apiserver, vllm-router and Prometheus.
+test-integration: $(STAMP) toolchain ## The chart (helm, promtool); real kube-apiserver, vllm-router and Prometheus.
 	$(NETNS) $(PYTEST) $(INTEGRATION_TESTS)
 
 test-e2e: $(STAMP) toolchain ## The whole fleet: operator, process bridge, router, simulators.
@@ -93,12 +96,12 @@ test: verify test-integration test-e2e test-scenarios test-drain test-image ## E
 bench-autoscale: $(STAMP) ## The autoscaler against baselines on the workloads (BENCH_AUTOSCALE_ARGS=W1 W2 W3).
 	$(PY) -m pdfleet_lab.bench $(BENCH_AUTOSCALE_ARGS) --out docs/benchmarks/autoscale
 bench-scale: $(STAMP) toolchain ## 1,000 InferenceServices on the local cluster, measured (BENCH_SCALE_ARGS=--services 100).
-	$(NETNS) $(PY) -m e2e.bench_scale $(BENCH_SCALE_ARGS)
-test-faults: $(STAMP) toolchain ## The fault suite: tests/e2e_faults, then the full repetitions (docs/benchmarks/faults).
-	$(NETNS) $(PYTEST) tests/e2e_faults
-	$(NETNS) $(PY) -m e2e.faults --out docs/benchmarks/faults $(FAULTS_ARGS)
+	$(NETNS) $(PY) -m e2e.benchmarks.bench_scale $(BENCH_SCALE_ARGS)
+test-faults: $(STAMP) toolchain ## The fault suite: tests/e2e/faults, then the full repetitions (docs/benchmarks/faults).
+	$(NETNS) $(PYTEST) tests/e2e/faults
+	$(NETNS) $(PY) -m e2e.scenarios.faults --out docs/benchmarks/faults $(FAULTS_ARGS)
 
 demo: $(STAMP) toolchain ## The demo fleet rebalancing itself under a load shift (DEMO_ARGS=--keep).
-	$(NETNS) $(PY) -m e2e.demo $(DEMO_ARGS)
+	$(NETNS) $(PY) -m e2e.scenarios.demo $(DEMO_ARGS)
 
 .PHONY: help install toolchain engine test-image test-engine manifests lint test-unit verify test-integration test-e2e test-scenarios test-drain test-faults test demo bench-scale bench-autoscale

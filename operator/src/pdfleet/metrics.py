@@ -104,8 +104,8 @@ class ServiceSeries:
     """A per-service gauge whose exposition is rendered when a service's status is exported,
     not at every scrape: at 1,000 services the pool and condition gauges are 16,000 series,
     and prometheus_client formats every sample at every scrape while holding the GIL, which
-    pauses every pass (e2e/bench_exposition, docs/benchmarks/scale). A scrape joins the
-    services' rendered lines (`exposition`)."""
+    pauses every pass (e2e/benchmarks/bench_exposition.py, docs/benchmarks/scale). A scrape
+    joins the services' rendered lines (`exposition`)."""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str]):
         self.name = name

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.bench_scale import (
+from e2e.benchmarks.bench_scale import (
     OPERATOR_USER,
     PODS_PER_NODE,
     SAMPLE,
@@ -20,7 +20,6 @@ from e2e.bench_scale import (
     floor_children,
     kv_verdict,
     latency_breakdown,
-    percentile,
     render_table,
     requests_by_verb,
     requests_summary,
@@ -30,6 +29,7 @@ from e2e.bench_scale import (
     targets,
     usage,
 )
+from e2e.platform.stats import percentile
 
 
 def test_nodes_hold_every_pod_with_headroom_inside_their_pod_cidr() -> None:

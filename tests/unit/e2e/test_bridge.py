@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e import bridge as b
-from e2e.cluster import REPO_ROOT
+from e2e.platform import bridge as b
+from e2e.platform.cluster import REPO_ROOT
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.render import render_children
 from pdfleet_worker import launcher
@@ -190,7 +190,7 @@ def test_the_real_engine_runs_the_pods_own_command_and_env_in_the_engines_python
 
 
 def test_the_real_engine_without_its_install_is_a_clear_error() -> None:
-    with pytest.raises(RuntimeError, match=r"e2e/engine\.sh"):
+    with pytest.raises(RuntimeError, match=r"e2e/platform/engine\.sh"):
         b.engine_command({"name": "vllm", "image": "x/pdfleet-worker-cpu:1"}, {}, ctx())
 
 

@@ -1,8 +1,8 @@
-"""e2e/differential.py's pure comparison: what counts as a difference, what is on purpose."""
+"""e2e/scenarios/differential.py's pure comparison: what is a difference, what is on purpose."""
 
 from __future__ import annotations
 
-from e2e import differential as d
+from e2e.scenarios import differential as d
 
 PAGE = """# HELP vllm:num_requests_running Running.
 # TYPE vllm:num_requests_running gauge

@@ -1,4 +1,5 @@
-"""The fault suite's pure parts: fault choice, convergence check, failure split, table."""
+"""The fault suite's pure parts: fault choice, convergence check, failure split, table, the
+autoscaling patches."""
 
 from __future__ import annotations
 
@@ -8,10 +9,16 @@ from typing import Any
 
 import pytest
 
-from e2e.children import convergence_problems
-from e2e.fault_proxy import FaultRates, choose_fault, injected
-from e2e.faults import (
+from e2e.platform.children import convergence_problems
+from e2e.platform.fault_proxy import FaultRates, choose_fault, injected
+from e2e.platform.loadgen import ERROR, OK, TRUNCATED, Record
+from e2e.platform.prometheus_proxy import Mode, rewrite
+from e2e.platform.service import service_manifest
+from e2e.scenarios.faults import (
+    FLEET,
     Outcome,
+    autoscaling_off_patch,
+    autoscaling_patch,
     base_service,
     merged,
     new_warnings,
@@ -19,13 +26,12 @@ from e2e.faults import (
     split_failures,
     table,
 )
-from e2e.loadgen import ERROR, OK, TRUNCATED, Record
-from e2e.prometheus_proxy import Mode, rewrite
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.autoscale.metrics import PrometheusSource
 from pdfleet.autoscale.policy import PolicyConfig, metrics_problem
 from pdfleet.reconcile.plan import desired_replicas, with_hash
 from pdfleet.render import render_children
+from tests.spec_cases import merge_patch
 
 RATES = FaultRates(conflict=0.1, throttle=0.2)
 
@@ -182,3 +188,11 @@ def test_new_warnings_count_only_the_reason_since_the_snapshot() -> None:
     assert new_warnings(before, after, "MetricsNaN") == 2
     assert new_warnings(before, after, "MetricsMissing") == 2
     assert new_warnings(after, after, "MetricsStale") == 0
+
+
+def test_turning_autoscaling_off_gives_back_the_deployed_spec() -> None:
+    deployed = service_manifest("faults", FLEET)
+    autoscaled = merge_patch(deployed, autoscaling_patch("http://127.0.0.1:9090"))
+    assert autoscaled["spec"]["autoscaling"]["enabled"]
+    InferenceService.model_validate(autoscaled)
+    assert merge_patch(autoscaled, autoscaling_off_patch(FLEET)) == deployed

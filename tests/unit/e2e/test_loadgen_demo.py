@@ -6,8 +6,7 @@ import math
 
 import pytest
 
-from e2e.demo import Sample, demo_phases, render_view, summary_text
-from e2e.loadgen import (
+from e2e.platform.loadgen import (
     ERROR,
     OK,
     TRUNCATED,
@@ -18,6 +17,7 @@ from e2e.loadgen import (
     prompt_of,
     summarize,
 )
+from e2e.scenarios.demo import Sample, demo_phases, render_view, summary_text
 
 
 def test_arrivals_are_poisson_within_each_phase_and_reproducible() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import wait_until
+from e2e.platform.cluster import wait_until
 from pdfleet.kube import api
 from pdfleet.kube.api import KubeWriter, event_body
 from pdfleet.kube.errors import APIError

@@ -1,5 +1,5 @@
 """The informers' store and event handling (pure parts; the I/O loop runs against a real API
-server in tests/integration/test_informer.py)."""
+server in tests/integration/cluster/test_informer.py)."""
 
 from __future__ import annotations
 

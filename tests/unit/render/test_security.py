@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,8 +21,8 @@ from pdfleet.reconcile.plan import desired_replicas
 from pdfleet.render import RenderConfig, render_children
 from pdfleet.render.network import http_route
 from tests.http_route import route_allows
+from tests.manifests import schema_errors
 from tests.spec_cases import SAMPLES_DIR, merge_patch, sample
-from tests.unit.chart.helm import one, render, schema_errors
 
 TOKEN_REF = {"name": "hub-token", "key": "hf"}
 # The router's admin API as observed (reference/router-behaviour.md §2), and paths that try
@@ -169,12 +168,6 @@ def test_workers_accept_their_router_each_other_the_operator_and_monitoring() ->
 def test_an_external_router_gets_no_router_policy() -> None:
     isvc = _service("production", {"spec": {"router": {"type": "external"}}})
     assert sorted(_of_kind(_children(isvc), "NetworkPolicy")) == ["llama-70b-worker"]
-
-
-def test_the_operator_pods_carry_the_labels_the_policies_let_through(tmp_path: Path) -> None:
-    deployment = one(render({}, tmp_path), "Deployment")
-    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
-    assert dict(RenderConfig().operator_labels).items() <= pod_labels.items()
 
 
 def test_http_route_forwards_only_the_openai_api_and_probes() -> None:

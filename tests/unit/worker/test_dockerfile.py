@@ -25,8 +25,8 @@ def test_base_image_is_a_pinned_vllm_033_release() -> None:
 
 
 def test_nixl_is_installed_as_vllm_imports_it() -> None:
-    """The meta package (vLLM imports `nixl._api`) and the backend for the CUDA major of
-    the torch in the image, checked with vLLM's own import (tests/image resolves the pins)."""
+    """The meta package (vLLM imports `nixl._api`) and the backend for the CUDA major of the torch
+    in the image, checked with vLLM's own import (tests/integration/image resolves the pins)."""
     text = _text()
     # nixl==1.5.2 depends on an unpublished nixl-cu12==1.5.2; 1.5.1 resolves.
     assert re.search(r"^ARG NIXL_VERSION=1\.5\.1$", text, re.M)

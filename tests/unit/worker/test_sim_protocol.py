@@ -1,5 +1,5 @@
-"""The simulator's wire protocol against vLLM 0.33 (dataplane.md) and what a real vLLM
-showed e2e/differential.py: the prefill's `kv_transfer_params`, the answers' shapes and ids,
+"""The simulator's wire protocol against vLLM 0.33 (dataplane.md) and what a real vLLM showed
+e2e/scenarios/differential.py: the prefill's `kv_transfer_params`, the answers' shapes and ids,
 /metrics and /v1/models, in process; its NIXL P/D edge cases and SIGTERM drain, against real
 processes."""
 
@@ -18,8 +18,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.cluster import wait_until
-from e2e.differential import json_shape
+from e2e.platform.cluster import wait_until
+from e2e.scenarios.differential import json_shape
 from pdfleet.autoscale import promql
 from pdfleet_worker.sim.procs import SimProc, free_port, start_sim
 
@@ -151,8 +151,8 @@ async def test_prefill_response_carries_vllm_033_kv_transfer_params(sims: InProc
 
 # ----- the answers ------------------------------------------------------------------------
 
-# The keys and JSON types (e2e/differential.py's json_shape) of the non-streaming answers a
-# real vLLM gave e2e/differential.py; what the simulator does not model is null.
+# The keys and JSON types (e2e/scenarios/differential.py's json_shape) of the non-streaming answers
+# a real vLLM gave e2e/scenarios/differential.py; what the simulator does not model is null.
 USAGE_SHAPE = {
     "completion_tokens": "number",
     "completion_tokens_details": "null",

@@ -2,7 +2,7 @@
 
 Where it fits: the simulator's /metrics. The autoscaler's PromQL, the drain logic and the
 router's engine discovery (it counts `engine=` labels) read these exactly as they would from
-vLLM's v1 PrometheusStatLogger, and e2e/differential.py compares the families with a real
+vLLM's v1 PrometheusStatLogger, and e2e/scenarios/differential.py compares the families with a real
 engine's page. Counters get `_total` and every counter and histogram a `_created` series on
 the wire, as prometheus_client writes them for vLLM. Times are simulated seconds (wall
 seconds / --time-scale).

@@ -4,7 +4,7 @@ Where it fits: pure helpers for the simulator's /v1/completions and /v1/chat/com
 handlers (server.py): what a request asks for, and the JSON objects and SSE chunks vLLM
 sends back (ids, `usage`, top-level `kv_transfer_params`, `[DONE]`). The non-streaming
 answers carry exactly the keys of vLLM's CompletionResponse and ChatCompletionResponse (the
-fields the simulator does not model are null), which e2e/differential.py compares.
+fields the simulator does not model are null), which e2e/scenarios/differential.py compares.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Start and stop simulator (and router) processes on loopback, for tests and demos.
 
-Where it fits: tests/unit/worker, tests/router and the e2e process bridge need real
+Where it fits: tests/unit/worker, tests/integration/router and the e2e process bridge need real
 `pdfleet-sim` processes on free ports, always cleaned up and with bounded waits.
 """
 

@@ -1,0 +1,199 @@
+"""The real vLLM engine on the local cluster: its install, a service that runs it, and what
+the engines themselves record.
+
+Where it fits: the real-engine tier (tests/e2e/engine, ``make test-engine``). e2e/platform/engine.sh
+installs vLLM's CPU build and a tiny random-weight model outside the checkout; the process
+bridge runs every worker pod whose image matches ``e2e.platform.bridge.REAL_ENGINE_IMAGE`` as that
+engine, started by the pod's own ``pdfleet-agent launch`` with the command line and env the
+operator rendered. What the tier asserts is read from vLLM's /metrics and answers, the
+router's metrics and the operator's status, never from the test's own bookkeeping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Iterator, Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from e2e.platform.cluster import REPO_ROOT, Cluster, wait_until
+from e2e.platform.service import Service, operated_namespace, wait_settled
+from pdfleet import labels
+
+ENGINE_SH = REPO_ROOT / "e2e" / "platform" / "engine.sh"
+#: Matches e2e.platform.bridge.REAL_ENGINE_IMAGE: the bridge runs these pods as real vLLM.
+IMAGE = "ghcr.io/pdfleet/pdfleet-worker-cpu:0.32.0"
+SERVED_MODEL = "tiny-llama"
+#: The tiny model's KV geometry (e2e/platform/tiny_model.py), so the preflight moves what vLLM
+#: would.
+GEOMETRY = {"layers": 2, "kvHeads": 2, "headDim": 32, "dtype": "bfloat16"}
+#: Greedy-free sampling can end a random model's answer at EOS on any token; the tier asks
+#: for exactly max_tokens, and the usage chunk says how many came.
+EXACT_LENGTH = {"ignore_eos": True, "stream_options": {"include_usage": True}}
+ONE_PREFILL_TWO_DECODES = {labels.ROLE_PREFILL: 1, labels.ROLE_DECODE: 2}
+
+
+class EngineMissingError(RuntimeError):
+    """e2e/platform/engine.sh has not installed the engine (the message says how)."""
+
+
+def engine_root() -> Path:
+    """The engine's install root; EngineMissingError unless e2e/platform/engine.sh completed it."""
+    check = subprocess.run([str(ENGINE_SH), "--check"], capture_output=True, text=True)
+    if check.returncode != 0:
+        raise EngineMissingError(
+            f"{check.stderr.strip()}; run `make engine` (e2e/platform/engine.sh)"
+        )
+    root = subprocess.run(
+        [str(ENGINE_SH), "--print-root"], capture_output=True, text=True, check=True
+    )
+    return Path(root.stdout.strip())
+
+
+def service_manifest(
+    namespace: str, root: Path, counts: Mapping[str, int], prometheus_url: str
+) -> dict[str, Any]:
+    """An InferenceService of the real engine: the tiny model from the engine cache, NIXL
+    over UCX's TCP transport on the namespace's loopback, the preflight sized to the
+    model, and the autoscaler reading Prometheus with its bounds pinned to ``counts``."""
+    pools = {role: {"replicas": {"min": n, "max": n, "initial": n}} for role, n in counts.items()}
+    return {
+        "apiVersion": f"{labels.GROUP}/{labels.VERSION}",
+        "kind": "InferenceService",
+        "metadata": {"name": "tiny", "namespace": namespace},
+        "spec": {
+            "model": {
+                "name": SERVED_MODEL,
+                "source": {"hub": {"id": str(root / "model")}},
+                "maxModelLen": 2048,
+            },
+            "engine": {"image": IMAGE},
+            "kvTransfer": {
+                "bufferDevice": "cpu",
+                # Two CPU engines share two cores: a decode can take longer than vLLM's 30 s
+                # default to start a request whose KV a prefill holds for it.
+                "leaseSeconds": 300,
+                "fabric": {"ucx": {"tls": "tcp", "netDevices": "lo"}},
+                "preflight": {"promptTokens": 512, "iterations": 3, "geometry": GEOMETRY},
+            },
+            **pools,
+            "router": {"healthCheckInterval": "2s"},
+            "drain": {"timeout": "60s"},
+            "slo": {
+                "ttft": {"target": "2s", "percentile": 90},
+                "itl": {"target": "200ms", "percentile": 90},
+                "window": "60s",
+            },
+            "autoscaling": {
+                "enabled": True,
+                "gpuBudget": 8,
+                "interval": "10s",
+                "prometheus": {"url": prometheus_url},
+            },
+        },
+    }
+
+
+@contextlib.contextmanager
+def deployed_engine_service(
+    cluster: Cluster,
+    api: Any,
+    log_dir: Path,
+    root: Path,
+    prometheus_url: str,
+    counts: Mapping[str, int] = ONE_PREFILL_TWO_DECODES,
+    ready_timeout_s: float = 900.0,
+) -> Iterator[Service]:
+    """The real-engine service at ``counts``, Ready, reconciled by a real operator process;
+    everything removed afterwards."""
+    with operated_namespace(cluster, api, log_dir, "engine", engine_root=root) as operated:
+        service = Service(api, operated.namespace, log_dir, name="tiny", bridge=operated.bridge)
+        service.custom.create_namespaced_custom_object(
+            labels.GROUP, labels.VERSION, operated.namespace, labels.PLURAL,
+            service_manifest(operated.namespace, root, counts, prometheus_url),
+        )  # fmt: skip
+        # The router turns Ready only once workers are (its /readiness follows them).
+        router_ip = partial(_has_ip, service, labels.ROLE_ROUTER)
+        wait_until(router_ip, 180, "router pod running")
+        wait_settled(service, counts, ready_timeout_s)
+        warm_up(service)
+        yield service
+
+
+def warm_up(service: Service) -> None:
+    """A few requests of each kind through the router, then idle engines. A CPU engine's
+    first requests of a shape compile kernels for seconds; on a loaded machine a decode
+    then reads its KV after the prefill's 30 s lease, which the tests count as a fault."""
+    body = {"model": SERVED_MODEL, "max_tokens": 8, "ignore_eos": True}
+    with httpx.Client(timeout=300) as http:
+        for words in (8, 300):
+            prompt = " ".join(str(i) for i in range(words))
+            for path, extra in (
+                ("/v1/completions", {"prompt": prompt}),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}]}),
+            ):
+                for stream in (False, True):
+                    url = f"{service.router()}{path}"
+                    http.post(url, json={**body, **extra, "stream": stream}).raise_for_status()
+    wait_engines_idle(
+        {**pod_urls(service, labels.ROLE_PREFILL), **pod_urls(service, labels.ROLE_DECODE)}
+    )
+
+
+def _has_ip(service: Service, role: str) -> bool:
+    return any(p["status"].get("podIP") for p in service.role_pods(role))
+
+
+# ----- what the engines record ------------------------------------------------------------------
+
+
+def sample_sum(text: str, name: str, **match: str) -> float:
+    """The sum of a page's samples called ``name`` whose labels include ``match``."""
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in match.items()):
+                total += float(sample.value)
+    return total
+
+
+def scrape(url: str) -> str:
+    return httpx.get(f"{url}/metrics", timeout=10).text
+
+
+def pod_urls(service: Service, role: str) -> dict[str, str]:
+    """Ready pods of a role: name -> engine URL."""
+    return {
+        p["metadata"]["name"]: f"http://{p['status']['podIP']}:8000"
+        for p in service.role_pods(role)
+        if p["status"].get("podIP") and not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def wait_engines_idle(urls: Mapping[str, str], timeout_s: float = 60.0) -> None:
+    """Until every engine reads no running or waiting request."""
+
+    def idle() -> bool:
+        for url in urls.values():
+            text = scrape(url)
+            busy = sample_sum(text, "vllm:num_requests_running")
+            if busy + sample_sum(text, "vllm:num_requests_waiting"):
+                return False
+        return True
+
+    wait_until(idle, timeout_s, "engines idle", interval_s=0.5)
+
+
+def wait_serving(service: Service, timeout_s: float = 600.0) -> None:
+    """Until every pool is at its StatefulSet's size, Ready and listed by the router (an
+    engine a test stopped comes back through the bridge's restart, which takes its start)."""
+    counts = {
+        role: service.statefulset_replicas(role) or 0
+        for role in (labels.ROLE_PREFILL, labels.ROLE_DECODE)
+    }
+    wait_settled(service, counts, timeout_s)

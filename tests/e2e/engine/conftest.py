@@ -1,0 +1,70 @@
+"""Fixtures for the real-engine tier: real vLLM (its CPU build) on the local cluster.
+
+* ``bridge_cluster``, ``api_client`` (session): from tests/e2e/support.py;
+* ``engine`` (session): the engine install of e2e/platform/engine.sh (`make engine`);
+* ``prometheus`` (session): Prometheus discovering the pods with the shipped scrape config;
+* ``service`` (session): one prefill and two decode pods of real vLLM behind the real
+  vllm-router, reconciled by a real ``pdfleet operator run``, Ready. One for the whole tier:
+  engines take minutes to start, so every test waits for the pools it needs instead.
+
+Every test here is marked ``e2e``. Run them inside the private network namespace:
+``e2e/platform/netns.sh .venv/bin/pytest tests/e2e/engine``. A missing engine, toolchain or
+namespace is a failure, never a skip. Each engine takes about 4 GB and a minute or two to start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.platform.cluster import Cluster
+from e2e.platform.prometheus import Prometheus, start_for_cluster
+from e2e.platform.real_engine import EngineMissingError, deployed_engine_service, engine_root
+from e2e.platform.service import Service
+from tests.e2e.support import api_client, bridge_cluster, mark_folder
+
+__all__ = ["api_client", "bridge_cluster"]
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark everything collected from this folder as ``e2e``."""
+    mark_folder(items, HERE, pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def engine() -> Path:
+    try:
+        return engine_root()
+    except EngineMissingError as err:
+        pytest.fail(str(err), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def prometheus(
+    bridge_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Prometheus]:
+    prom = start_for_cluster(bridge_cluster, tmp_path_factory.mktemp("prometheus"))
+    try:
+        yield prom
+    finally:
+        prom.stop()
+
+
+@pytest.fixture(scope="session")
+def service(
+    bridge_cluster: Cluster,
+    api_client: Any,
+    engine: Path,
+    prometheus: Prometheus,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Service]:
+    log_dir = tmp_path_factory.mktemp("engine")
+    with deployed_engine_service(
+        bridge_cluster, api_client, log_dir, engine, prometheus.url
+    ) as svc:
+        yield svc
