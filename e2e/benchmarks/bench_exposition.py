@@ -3,8 +3,8 @@
 The per-service series (pool sizes, conditions: 16 a service) are rendered when a
 service's status is exported (pdfleet.metrics.ServiceSeries), and a scrape joins the rendered
 lines. For comparison, the same series held as prometheus_client Gauges, which format every
-sample at every scrape (how the operator served them before). Both in this process, one
-after the other, on the same statuses; medians of ``--repeats`` scrapes.
+sample at every scrape (the usual way to serve them: the baseline). Both in this process,
+one after the other, on the same statuses; medians of ``--repeats`` scrapes.
 
     .venv/bin/python -m e2e.benchmarks.bench_exposition            # 1,000 services
     .venv/bin/python -m e2e.benchmarks.bench_exposition --services 100 --out /tmp/expo.json

@@ -422,8 +422,8 @@ class Watched(threading.Thread):
         """Replace every value from a fresh listing; the resourceVersion to watch from.
 
         A watch that dropped and started again without one misses the deletions made in
-        between (a 1,000-service run waited for 4,000 deleted pods that way), so every
-        (re)start lists first and then watches from the listing's version."""
+        between (a wait for those objects to go would never end), so every (re)start lists
+        first and then watches from the listing's version."""
         resp = self.list_fn(*self.args, _preload_content=False, **self.kwargs)
         listing = json.loads(resp.data)
         fresh = {self._key(obj): self.summarize(obj) for obj in listing["items"]}

@@ -2,7 +2,7 @@
 
 The pinned Kubernetes toolchain (``toolchain.sh``), the private network namespace
 (``netns.sh``), the kwok cluster (``cluster.py``, ``kwok/``), the process bridge that runs
-pods as local processes (``bridge.py``), the operator as a real process
+pods as local processes (``bridge/``), the operator as a real process
 (``operator_process.py``), Prometheus and the proxies that inject faults
 (``prometheus.py``, ``prometheus_proxy.py``, ``fault_proxy.py``), a deployed service and its
 readiness (``service.py``), the demo fleet (``fleet.py``), load generators (``loadgen.py``,

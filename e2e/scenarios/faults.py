@@ -457,8 +457,8 @@ def conflicts_and_throttling(
 #: Offered load while a data-plane fault happens: Poisson arrivals, each a streamed completion
 #: of about two seconds on the simulator (real time), so several streams are always in flight.
 LOAD = Phase("steady", duration_s=45.0, rate=4.0, prompt_tokens=256, output_tokens=256)
-#: Long enough for fresh metrics and the three Prometheus faults with their recoveries (118 s
-#: after the load's start in a short-suite run); each fault waits on its own marks.
+#: Long enough for fresh metrics and the three Prometheus faults with their recoveries; each
+#: fault waits on its own marks.
 OUTAGE_LOAD = Phase("steady", duration_s=200.0, rate=2.0, prompt_tokens=256, output_tokens=256)
 #: A request that started this soon before the router noticed may already have been routed.
 ROUTING_SLACK_S = 1.0

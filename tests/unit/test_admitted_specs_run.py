@@ -7,8 +7,8 @@ server here; the integration tier proves the CRD agrees), and runs each through 
 operator's pure code: plan and render, and, with SLO targets, the autoscaler's config and a
 few decisions on drawn metrics. Nothing may raise, and every child must be one the API server
 takes: one env entry per name, distinct ports, valid labels, an apply body its YAML decoder
-reads back unchanged. The hostile specs that used to slip through are replayed against the
-models, and a config with zeros in it must still decide.
+reads back unchanged. The hostile specs (tests/cases/hostile_specs.yaml) are replayed against
+the models, and a config with zeros in it must still decide.
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ the preflight listener on the pod IP beside it; the UCX settings come from the s
 (`fabric.ucx`: tcp on `lo`, the namespace's only interface). First the service asks for no
 RDMA, so TCP is the plan and the condition is True with the measured figures; then the fabric
 asks for `rdma/ib`, the pods roll, the operator measures again and reports the TCP fallback as
-KVTransportReady=False with a Warning Event. About two minutes on a loaded 2-core machine.
-"""
+KVTransportReady=False with a Warning Event."""
 
 from __future__ import annotations
 

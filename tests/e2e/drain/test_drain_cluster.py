@@ -29,7 +29,7 @@ from pdfleet import labels
 
 pytestmark = pytest.mark.timeout(900)
 
-#: Cycles in the default run (each about 20 s here); PDFLEET_DRAIN_CYCLES=20 for the full one.
+#: Cycles in the default run, a few to keep it short; PDFLEET_DRAIN_CYCLES=20 for the full one.
 CYCLES = int(os.environ.get("PDFLEET_DRAIN_CYCLES", "3"))
 #: Streams long enough (several seconds) that a drained worker is still busy for a while.
 LONG = Shape(prompt=(200, 600), output=(800, 1200))
@@ -92,13 +92,13 @@ def test_scale_up_during_a_drain_takes_the_pods_back(service: Service) -> None:
                 lambda: _marked_and_deregistered(service) or None, 20, "a deregistered pod"
             )
         except TimeoutError:
-            pods = [
+            seen = [
                 (p["metadata"]["name"], p["status"].get("podIP"),
                  (p["metadata"].get("annotations") or {}).get(labels.DRAINING),
                  p["metadata"].get("deletionTimestamp"))
                 for p in service.role_pods(DECODE)
             ]  # fmt: skip
-            raise AssertionError((router_workers(service.router()), pods)) from None
+            raise AssertionError((router_workers(service.router()), seen)) from None
         service.scale(HIGH)
         wait_until(lambda: settled(service, HIGH), 120, "all pods back and listed")
     cancelled = [e.message for e in service.events(("DrainCancelled",))]

@@ -9,8 +9,7 @@
 
 Every test here is marked ``e2e``. Run them inside the private network namespace:
 ``e2e/platform/netns.sh .venv/bin/pytest tests/e2e/engine``. A missing engine, toolchain or
-namespace is a failure, never a skip. Each engine takes about 4 GB and a minute or two to start.
-"""
+namespace is a failure, never a skip."""
 
 from __future__ import annotations
 

@@ -212,8 +212,8 @@ def test_a_decode_scale_down_under_streaming_load_loses_nothing(service: Service
     survivor = pod_urls(service, DECODE)
     p0 = totals(prefills)
     errors0 = router_error_counters(service.router_ip())
-    # Streams of several seconds (the engines here make 5-10 tokens a second under load),
-    # short enough that the drain ends within its 60 s timeout.
+    # Streams of several seconds at a CPU engine's pace under load, short enough that the
+    # drain ends within its 60 s timeout.
     # Two clients: on two shared cores more load makes a decode read some KV after the
     # prefill's 30 s lease (counted below as the fault it is).
     shape = Shape(prompt=(50, 300), output=(40, 80))

@@ -51,7 +51,8 @@ def test_a_draining_simulator_answers_as_a_draining_engine(
     url = pod_urls(service, labels.ROLE_DECODE)[name]
     process = service.bridge.process(service.namespace, name) if service.bridge else None
     assert process is not None and process.pid is not None, name
-    real = drain_answers(url, SERVED_MODEL, lambda: os.kill(process.pid, signal.SIGTERM))
+    pid = process.pid
+    real = drain_answers(url, SERVED_MODEL, lambda: os.kill(pid, signal.SIGTERM))
     with sim_pair(prefill_pod, decode_pod, tmp_path) as pair:
         sim = drain_answers(
             pair.decode, SERVED_MODEL, lambda: pair.decode_process.send_signal(signal.SIGTERM)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,7 @@ def crd_names(paths: list[Path]) -> list[str]:
     return names
 
 
-def is_established(crd: Any) -> bool:
+def is_established(crd: client.V1CustomResourceDefinition) -> bool:
     """True when a V1CustomResourceDefinition reports Established=True."""
     conditions = (crd.status.conditions if crd.status else None) or []
     return any(c.type == "Established" and c.status == "True" for c in conditions)
@@ -83,12 +84,12 @@ def crds(cluster: Cluster, api_client: Any) -> list[str]:
     for path in files:
         cluster.apply(list(yaml.safe_load_all(path.read_text())))
     ext = client.ApiextensionsV1Api(api_client)
+
+    def established(name: str) -> bool:
+        return is_established(ext.read_custom_resource_definition(name))
+
     for name in names:
-        wait_until(
-            lambda n=name: is_established(ext.read_custom_resource_definition(n)),
-            30,
-            f"CRD {name} to be Established",
-        )
+        wait_until(partial(established, name), 30, f"CRD {name} to be Established")
     return names
 
 
@@ -97,7 +98,11 @@ def namespace(api_client: Any) -> Iterator[str]:
     """A fresh namespace (with its default ServiceAccount ready); deleted after the test."""
     core = client.CoreV1Api(api_client)
     name = f"it-{uuid.uuid4().hex[:10]}"
-    core.create_namespace({"metadata": {"name": name, "labels": {"pdfleet.dev/test": "true"}}})
+    core.create_namespace(
+        client.V1Namespace.model_validate(
+            {"metadata": {"name": name, "labels": {"pdfleet.dev/test": "true"}}}
+        )
+    )
     try:
         # kube-controller-manager creates it; pods are rejected until it exists.
         wait_until(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes import client
 
@@ -12,6 +12,8 @@ from e2e.platform.children import get_isvc, list_children, patch_isvc
 from pdfleet import labels
 
 __all__ = ["get_isvc", "list_children", "patch_isvc"]
+
+T = TypeVar("T")
 
 
 def custom(api: Any) -> client.CustomObjectsApi:
@@ -28,7 +30,7 @@ def create_isvc(
     """Create `obj` in `namespace`; `dry_run`: admission only. `field_validation="Strict"`
     refuses unknown fields (what kubectl apply asks for)."""
     obj = {**obj, "metadata": {**obj["metadata"], "namespace": namespace}}
-    created: dict[str, Any] = custom(api).create_namespaced_custom_object(
+    created = custom(api).create_namespaced_custom_object(
         labels.GROUP,
         labels.VERSION,
         namespace,
@@ -37,6 +39,7 @@ def create_isvc(
         dry_run="All" if dry_run else None,
         field_validation=field_validation,
     )
+    assert isinstance(created, dict), created
     return created
 
 
@@ -53,9 +56,12 @@ def is_ready(obj: dict[str, Any]) -> bool:
     return current and condition(obj, "Ready").get("status") == "True"
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+def wait_for(
+    predicate: Callable[[], T | None], timeout: float, what: str, interval: float = 0.2
+) -> T:
+    """The first truthy value of `predicate`, polled every `interval` for `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    last: Any = None
+    last: T | None = None
     while time.monotonic() < deadline:
         last = predicate()
         if last:

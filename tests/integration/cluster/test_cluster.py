@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes import client
 
@@ -23,6 +23,8 @@ from e2e.platform.cluster import (
     wait_until,
 )
 
+T = TypeVar("T")
+
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 
 
@@ -31,19 +33,48 @@ def in_pod_cidr(ip: str, cidr: str = POD_CIDR) -> bool:
     return ipaddress.ip_address(ip) in ipaddress.ip_network(cidr)
 
 
-def condition(pod: Any, kind: str) -> str | None:
-    """The status ("True"/"False") of condition ``kind`` on a V1Pod, if present."""
-    for c in (pod.status.conditions if pod.status else None) or []:
+def condition(obj: client.V1Pod | client.V1Node, kind: str) -> str | None:
+    """The status ("True"/"False") of condition ``kind`` on a V1Pod or V1Node, if present."""
+    conditions: list[client.V1PodCondition] | list[client.V1NodeCondition] = (
+        obj.status.conditions if obj.status else None
+    ) or []
+    for c in conditions:
         if c.type == kind:
             return str(c.status)
     return None
 
 
-def is_ready(pod: Any) -> bool:
+def is_ready(pod: client.V1Pod) -> bool:
     """Running with Ready=True and a pod IP."""
-    return bool(pod.status.phase == "Running" and condition(pod, "Ready") == "True") and bool(
-        pod.status.pod_ip
+    status = present(pod.status, pod)
+    return bool(status.phase == "Running" and condition(pod, "Ready") == "True") and bool(
+        status.pod_ip
     )
+
+
+def metadata(obj: client.V1Node | client.V1Pod) -> client.V1ObjectMeta:
+    return present(obj.metadata, obj)
+
+
+def node_labels(node: client.V1Node) -> dict[str, str]:
+    return metadata(node).labels or {}
+
+
+def present(value: T | None, owner: object) -> T:
+    """A field the API server always sets on these objects (spec, status, metadata)."""
+    assert value is not None, owner
+    return value
+
+
+def pod_ip(pod: client.V1Pod) -> str:
+    """The pod's IP; fails the test when it has none."""
+    ip = present(pod.status, pod).pod_ip
+    assert ip, pod
+    return ip
+
+
+def nodes_by_name(core: client.CoreV1Api) -> dict[str, client.V1Node]:
+    return {str(metadata(n).name): n for n in core.list_node().items}
 
 
 def pod_manifest(name: str, labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
@@ -88,32 +119,33 @@ def test_crds_are_established(crds: list[str], api_client: Any) -> None:
     assert "inferenceservices.pdfleet.dev" in crds
     ext = client.ApiextensionsV1Api(api_client)
     for name in crds:
-        conditions = {
-            c.type: c.status for c in ext.read_custom_resource_definition(name).status.conditions
-        }
+        status = ext.read_custom_resource_definition(name).status
+        assert status is not None, name
+        conditions = {c.type: c.status for c in status.conditions or []}
         assert conditions.get("Established") == "True", (name, conditions)
         assert conditions.get("NamesAccepted") == "True", (name, conditions)
 
 
 def test_nodes_have_gpu_capacity_labels_and_taints(api_client: Any) -> None:
-    nodes = {n.metadata.name: n for n in client.CoreV1Api(api_client).list_node().items}
-    gpu_nodes = [n for n in nodes.values() if "nvidia.com/gpu.product" in n.metadata.labels]
-    cpu_nodes = [n for n in nodes.values() if "nvidia.com/gpu.product" not in n.metadata.labels]
+    nodes = nodes_by_name(client.CoreV1Api(api_client))
+    gpu_nodes = [n for n in nodes.values() if "nvidia.com/gpu.product" in node_labels(n)]
+    cpu_nodes = [n for n in nodes.values() if "nvidia.com/gpu.product" not in node_labels(n)]
 
-    assert {n.metadata.labels["nvidia.com/gpu.product"] for n in gpu_nodes} == {H100, H200}
+    assert {node_labels(n)["nvidia.com/gpu.product"] for n in gpu_nodes} == {H100, H200}
     for node in gpu_nodes:
-        assert node.status.capacity[GPU_RESOURCE] == "8"
-        assert node.status.allocatable[GPU_RESOURCE] == "8"
-        assert int(node.status.capacity[RDMA_RESOURCE]) > 0
-        assert node.metadata.labels["nvidia.com/gpu.present"] == "true"
-        taints = [(t.key, t.effect) for t in node.spec.taints or []]
+        capacity = present(node.status, node).capacity or {}
+        assert capacity[GPU_RESOURCE] == "8"
+        assert (present(node.status, node).allocatable or {})[GPU_RESOURCE] == "8"
+        assert int(capacity[RDMA_RESOURCE]) > 0
+        assert node_labels(node)["nvidia.com/gpu.present"] == "true"
+        taints = [(t.key, t.effect) for t in present(node.spec, node).taints or []]
         assert taints == [(GPU_RESOURCE, "NoSchedule")]
     assert cpu_nodes, "an untainted CPU node for router and other non-GPU pods"
     for node in cpu_nodes:
-        assert not node.spec.taints
-        assert GPU_RESOURCE not in node.status.capacity
+        assert not present(node.spec, node).taints
+        assert GPU_RESOURCE not in (present(node.status, node).capacity or {})
     for node in nodes.values():
-        node_cidr = ipaddress.ip_network(node.spec.pod_cidr)
+        node_cidr = ipaddress.IPv4Network(present(node.spec, node).pod_cidr)
         assert node_cidr.subnet_of(ipaddress.IPv4Network(POD_CIDR)), node_cidr
         assert condition(node, "Ready") == "True"
 
@@ -122,27 +154,31 @@ def test_gpu_statefulset_lands_on_gpu_nodes_and_becomes_ready(
     api_client: Any, namespace: str
 ) -> None:
     apps, core = client.AppsV1Api(api_client), client.CoreV1Api(api_client)
-    apps.create_namespaced_stateful_set(namespace, gpu_statefulset("decode", replicas=3))
+    apps.create_namespaced_stateful_set(
+        namespace, client.V1StatefulSet.model_validate(gpu_statefulset("decode", replicas=3))
+    )
 
-    def all_ready() -> list[Any] | None:
+    def all_ready() -> list[client.V1Pod] | None:
         pods = core.list_namespaced_pod(namespace, label_selector="app=decode").items
         return pods if len(pods) == 3 and all(is_ready(p) for p in pods) else None
 
     pods = wait_until(all_ready, 60, "3 Ready decode pods")
-    nodes = {n.metadata.name: n for n in core.list_node().items}
+    nodes = nodes_by_name(core)
     for pod in pods:
-        node = nodes[pod.spec.node_name]
-        assert node.metadata.labels.get("nvidia.com/gpu.present") == "true", pod.spec.node_name
-        assert in_pod_cidr(pod.status.pod_ip, node.spec.pod_cidr), (pod.status.pod_ip, node)
-    assert len({p.status.pod_ip for p in pods}) == 3
-    sts = wait_until(
-        lambda: (
-            (s := apps.read_namespaced_stateful_set("decode", namespace)).status.ready_replicas == 3
-            and s
-        ),
-        30,
-        "StatefulSet readyReplicas == 3",
-    )
+        node_name = present(pod.spec, pod).node_name
+        node = nodes[str(node_name)]
+        assert node_labels(node).get("nvidia.com/gpu.present") == "true", node_name
+        cidr = present(node.spec, node).pod_cidr
+        assert cidr is not None, node
+        assert in_pod_cidr(pod_ip(pod), cidr), (pod_ip(pod), node)
+    assert len({pod_ip(p) for p in pods}) == 3
+
+    def ready_statefulset() -> client.V1StatefulSet | None:
+        s = apps.read_namespaced_stateful_set("decode", namespace)
+        return s if s.status is not None and s.status.ready_replicas == 3 else None
+
+    sts = wait_until(ready_statefulset, 30, "StatefulSet readyReplicas == 3")
+    assert sts.status is not None
     assert sts.status.replicas == 3
 
 
@@ -151,25 +187,26 @@ def test_gpu_pod_without_toleration_is_unschedulable(api_client: Any, namespace:
     gpu = {GPU_RESOURCE: "1"}
     pod = pod_manifest("no-toleration")
     pod["spec"]["containers"][0]["resources"] = {"requests": gpu, "limits": gpu}
-    core.create_namespaced_pod(namespace, pod)
+    core.create_namespaced_pod(namespace, client.V1Pod.model_validate(pod))
 
     def unschedulable() -> bool:
         p = core.read_namespaced_pod("no-toleration", namespace)
         return condition(p, "PodScheduled") == "False"
 
     wait_until(unschedulable, 30, "PodScheduled=False")
-    assert core.read_namespaced_pod("no-toleration", namespace).spec.node_name is None
+    pending = core.read_namespaced_pod("no-toleration", namespace)
+    assert present(pending.spec, pending).node_name is None
 
 
 def test_pod_ip_answers_tcp_inside_the_namespace(api_client: Any, namespace: str) -> None:
     core = client.CoreV1Api(api_client)
-    core.create_namespaced_pod(namespace, pod_manifest("echo"))
-    pod = wait_until(
-        lambda: (p := core.read_namespaced_pod("echo", namespace)) and is_ready(p) and p,
-        30,
-        "pod echo Ready",
-    )
-    ip = pod.status.pod_ip
+    core.create_namespaced_pod(namespace, client.V1Pod.model_validate(pod_manifest("echo")))
+
+    def ready_pod() -> client.V1Pod | None:
+        p = core.read_namespaced_pod("echo", namespace)
+        return p if is_ready(p) else None
+
+    ip = pod_ip(wait_until(ready_pod, 30, "pod echo Ready"))
     assert in_pod_cidr(ip)
     # Stand in for the pod's process: listen on the pod IP, then connect to it.
     with socket.create_server((ip, 0)) as server:
@@ -185,21 +222,25 @@ def test_bridge_labelled_pod_gets_an_ip_but_is_left_to_the_bridge(
     api_client: Any, namespace: str
 ) -> None:
     core = client.CoreV1Api(api_client)
-    core.create_namespaced_pod(
-        namespace, pod_manifest("bridged", labels={"app": "bridged", BRIDGE_LABEL: "true"})
-    )
-    pod = wait_until(
-        lambda: (p := core.read_namespaced_pod("bridged", namespace)).status.pod_ip and p,
-        30,
-        "pod IP for the bridged pod",
-    )
-    assert in_pod_cidr(pod.status.pod_ip)
-    assert pod.status.phase == "Pending"
+    bridged = pod_manifest("bridged", labels={"app": "bridged", BRIDGE_LABEL: "true"})
+    core.create_namespaced_pod(namespace, client.V1Pod.model_validate(bridged))
+
+    def pod_with_ip() -> client.V1Pod | None:
+        p = core.read_namespaced_pod("bridged", namespace)
+        return p if p.status is not None and p.status.pod_ip else None
+
+    pod = wait_until(pod_with_ip, 30, "pod IP for the bridged pod")
+    assert in_pod_cidr(pod_ip(pod))
+    status = present(pod.status, pod)
+    assert status.phase == "Pending"
     assert condition(pod, "Ready") == "False"
-    assert pod.status.container_statuses[0].state.waiting.reason == "ContainerCreating"
+    state = (status.container_statuses or [])[0].state
+    assert state is not None and state.waiting is not None, status
+    assert state.waiting.reason == "ContainerCreating"
 
     # What the bridge does once its process answers: report Running and Ready.
-    now = pod.status.start_time.isoformat()
+    assert status.start_time is not None, status
+    now = status.start_time.isoformat()
     ready = [
         {"type": t, "status": "True", "lastTransitionTime": now}
         for t in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
@@ -223,7 +264,7 @@ def test_bridge_labelled_pod_gets_an_ip_but_is_left_to_the_bridge(
     # the grace period, like kubelet after SIGKILL.
     core.delete_namespaced_pod("bridged", namespace, grace_period_seconds=3)
     terminating = core.read_namespaced_pod("bridged", namespace)
-    assert terminating.metadata.deletion_timestamp is not None
+    assert metadata(terminating).deletion_timestamp is not None
     wait_until(
         lambda: (
             not core.list_namespaced_pod(namespace, field_selector="metadata.name=bridged").items

@@ -39,6 +39,7 @@ def test_invalid_spec_is_rejected_naming_the_field(
         _create(api_client, namespace, case.obj, strict=case.strict)
     # Schema and CEL failures are 422; Strict field validation refuses unknown fields with 400.
     assert rejected.value.status == (400 if case.strict else 422), rejected.value.body
+    assert rejected.value.body is not None
     body = json.loads(rejected.value.body)
     causes = (body.get("details") or {}).get("causes") or []
     fields = [normalize_path(cause.get("field", "")) for cause in causes]

@@ -17,11 +17,13 @@ from pdfleet.reconcile.observed import ChildRef
 from tests.integration.cluster.kube_helpers import wait_for
 
 
-def _service(namespace: str, name: str, owner: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "namespace": namespace, "labels": {labels.SERVICE: owner}},
-        "spec": {"clusterIP": "None", "ports": [{"port": 8000}]},
-    }
+def _service(namespace: str, name: str, owner: str) -> client.V1Service:
+    return client.V1Service.model_validate(
+        {
+            "metadata": {"name": name, "namespace": namespace, "labels": {labels.SERVICE: owner}},
+            "spec": {"clusterIP": "None", "ports": [{"port": 8000}]},
+        }
+    )
 
 
 @pytest.fixture
@@ -31,8 +33,11 @@ def watched(
     core = client.CoreV1Api(api_client)
     for i in range(5):
         core.create_namespaced_service(namespace, _service(namespace, f"a-{i}", "a"))
-    core.create_namespaced_service(namespace, {"metadata": {"name": "unowned"}, "spec": {
-        "clusterIP": "None", "ports": [{"port": 80}]}})  # fmt: skip
+    unowned = {
+        "metadata": {"name": "unowned"},
+        "spec": {"clusterIP": "None", "ports": [{"port": 80}]},
+    }
+    core.create_namespaced_service(namespace, client.V1Service.model_validate(unowned))
     monkeypatch.setattr(informer_module, "PAGE_SIZE", 2)  # three pages
     monkeypatch.setattr(informer_module, "WATCH_TIMEOUT_S", 2)  # watches end and resume
     changed: list[tuple[str, str]] = []

@@ -5,7 +5,7 @@ that reads it inside its passes: each read waits out its timeouts while the pass
 service. Here one autoscaled service points at such a Prometheus (a loopback listener that
 never writes a byte) while other services are created and changed; their latency, from the
 spec change to the StatefulSet carrying it (watched), must stay at the level of the same
-changes without the stuck service, and within the scale benchmark's p99 of 1 s.
+changes without the stuck service, and within the scale benchmark's p99 target (1 s).
 """
 
 from __future__ import annotations
@@ -201,8 +201,8 @@ def test_a_prometheus_that_never_answers_slows_no_other_service(
         "beside_p99_s": percentile(beside, 99),
     }
     print(f"\n{len(after)} services created, {CHANGES} spec changes each: {figures}")
-    # The bound is the benchmark's, or the same changes' without the stuck service when this
-    # machine is slower than that today.
+    # The bound is the benchmark's target, or the same changes' without the stuck service on a
+    # machine too slow for that target.
     assert figures["beside_p99_s"] <= max(P99_LIMIT_S, 1.5 * figures["alone_p99_s"]), figures
     first_status = figures["first_status_beside_p99_s"]
     assert first_status <= max(P99_LIMIT_S, 1.5 * figures["first_status_alone_p99_s"]), figures

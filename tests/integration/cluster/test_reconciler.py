@@ -79,7 +79,7 @@ def _settled_writes(op: OperatorProcess, api_client: Any, namespace: str) -> flo
 
     def others_gone() -> bool:
         listed = core.list_namespace(label_selector="pdfleet.dev/test=true").items
-        return all(ns.metadata.name == namespace for ns in listed)
+        return all(ns.metadata is not None and ns.metadata.name == namespace for ns in listed)
 
     wait_until(others_gone, 120, "earlier tests' namespaces to be deleted")
     quiet_s = STATUS_COALESCE_S + 2 * op.resync_seconds
@@ -128,33 +128,39 @@ def _production(api_client: Any, namespace: str) -> dict[str, Any]:
     scheduling = client.SchedulingV1Api(api_client)
     try:
         scheduling.create_priority_class(
-            {"metadata": {"name": "inference-critical"}, "value": 1000000}
+            client.V1PriorityClass.model_validate(
+                {"metadata": {"name": "inference-critical"}, "value": 1000000}
+            )
         )
     except client.exceptions.ApiException as error:
         assert error.status == 409
     core.create_persistent_volume(
-        {
-            "metadata": {"name": f"models-{namespace}"},
-            "spec": {
-                "capacity": {"storage": "1Ti"},
-                "accessModes": ["ReadOnlyMany"],
-                "hostPath": {"path": "/models"},
-                "storageClassName": "",
-                "claimRef": {"namespace": namespace, "name": "models"},
-            },
-        }
+        client.V1PersistentVolume.model_validate(
+            {
+                "metadata": {"name": f"models-{namespace}"},
+                "spec": {
+                    "capacity": {"storage": "1Ti"},
+                    "accessModes": ["ReadOnlyMany"],
+                    "hostPath": {"path": "/models"},
+                    "storageClassName": "",
+                    "claimRef": {"namespace": namespace, "name": "models"},
+                },
+            }
+        )
     )
     core.create_namespaced_persistent_volume_claim(
         namespace,
-        {
-            "metadata": {"name": "models"},
-            "spec": {
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "resources": {"requests": {"storage": "1Ti"}},
-                "volumeName": f"models-{namespace}",
-            },
-        },
+        client.V1PersistentVolumeClaim.model_validate(
+            {
+                "metadata": {"name": "models"},
+                "spec": {
+                    "accessModes": ["ReadOnlyMany"],
+                    "storageClassName": "",
+                    "resources": {"requests": {"storage": "1Ti"}},
+                    "volumeName": f"models-{namespace}",
+                },
+            }
+        ),
     )
     obj = sample("production")
     obj["metadata"]["namespace"] = namespace
@@ -174,13 +180,15 @@ def test_production_sample_places_pools_on_their_gpu_types(
     obj = wait_ready(api_client, namespace, "llama-70b", timeout=90)
     assert obj["status"]["prefill"]["ready"] == 2 and obj["status"]["decode"]["ready"] == 2
     nodes = {
-        n.metadata.name: n.metadata.labels for n in client.CoreV1Api(api_client).list_node().items
+        n.metadata.name: n.metadata.labels or {}
+        for n in client.CoreV1Api(api_client).list_node().items
+        if n.metadata is not None
     }
+    gpu_types = {"prefill": "NVIDIA-H100-80GB-HBM3", "decode": "NVIDIA-H200", "router": None}
     for pod in pods(api_client, namespace, "llama-70b"):
         role = pod.metadata.labels["pdfleet.dev/role"]
         product = nodes[pod.spec.node_name].get("nvidia.com/gpu.product")
-        expected = {"prefill": "NVIDIA-H100-80GB-HBM3", "decode": "NVIDIA-H200", "router": None}
-        assert product == expected[role], pod.metadata.name
+        assert product == gpu_types[role], pod.metadata.name
         assert pod.status.phase == "Running"
 
 
@@ -227,10 +235,11 @@ def test_args_change_rolls_and_fields_of_other_managers_survive(
     patch_isvc(api_client, namespace, "llama-8b", {"spec": {"engine": {"extraArgs": ["--seed=7"]}}})
     wait_ready(api_client, namespace, "llama-8b")
     sts = apps.read_namespaced_stateful_set("llama-8b-decode", namespace)
-    env = {e.name: e.value for e in sts.spec.template.spec.containers[0].env or ()}
+    assert sts.metadata is not None and sts.spec is not None and sts.spec.template.spec is not None
+    env = {e.name: e.value or "" for e in sts.spec.template.spec.containers[0].env or ()}
     assert json.loads(env["PDFLEET_EXTRA_ARGS"]) == ["--seed=7"]  # a new template: a rollout
-    assert sts.metadata.labels["example.com/cost-center"] == "ml-platform"
-    managers = {f.manager for f in sts.metadata.managed_fields}
+    assert (sts.metadata.labels or {})["example.com/cost-center"] == "ml-platform"
+    managers = {f.manager for f in sts.metadata.managed_fields or ()}
     assert {"cost-tagger", "pdfleet-operator"} <= managers, managers
 
 

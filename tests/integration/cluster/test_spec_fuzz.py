@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +72,9 @@ def refusal_names(body: dict[str, Any], paths: list[str]) -> bool:
 def operator(
     cluster: Cluster, crds: list[str], namespace: str, api_client: Any, tmp_path: Path
 ) -> Iterator[OperatorProcess]:
+    quota = {"metadata": {"name": "pods"}, "spec": {"hard": {"pods": POD_QUOTA}}}
     client.CoreV1Api(api_client).create_namespaced_resource_quota(
-        namespace, {"metadata": {"name": "pods"}, "spec": {"hard": {"pods": POD_QUOTA}}}
+        namespace, client.V1ResourceQuota.model_validate(quota)
     )
     proc = OperatorProcess(
         kubeconfig=cluster.kubeconfig,
@@ -115,6 +117,7 @@ def test_generated_specs_admission_and_reconcile(
         try:
             create(api_client, namespace, obj, dry_run=True)
         except ApiException as error:
+            assert error.body is not None, error
             body = json.loads(error.body)
             assert paths, f"the API server refused a valid spec: {body['message']}\n{obj}"
             assert error.status in (400, 422), body
@@ -144,13 +147,15 @@ def test_generated_specs_admission_and_reconcile(
         current = status.get("observedGeneration") == obj["metadata"]["generation"]
         return obj if current and condition(obj, "Ready") and condition(obj, "Stalled") else None
 
+    def reported(name: str, reason: str) -> bool:
+        return reason in events_for(api_client, namespace, name)
+
     try:
         for name in tally.created:
-            obj = wait_for(lambda n=name: reconciled(n), 180, f"{name} to get conditions", 0.5)
+            obj = wait_for(partial(reconciled, name), 180, f"{name} to get conditions", 0.5)
             if condition(obj, "Stalled")["status"] == "True":
                 reason = condition(obj, "Stalled")["reason"]
-                wait_for(lambda n=name, r=reason: r in events_for(api_client, namespace, n),
-                         30, f"a {reason} Event for {name}")  # fmt: skip
+                wait_for(partial(reported, name, reason), 30, f"a {reason} Event for {name}")
     except AssertionError as error:
         obj = get_isvc(api_client, namespace, name)
         tail = operator.log_path.read_text(errors="replace")[-6000:]

@@ -59,7 +59,8 @@ def nad_crd(cluster: Cluster, api_client: Any) -> Iterator[None]:
     name = NAD_CRD["metadata"]["name"]
 
     def established() -> bool:
-        conditions = ext.read_custom_resource_definition(name).status.conditions or []
+        status = ext.read_custom_resource_definition(name).status
+        conditions = (status.conditions if status else None) or []
         return any(c.type == "Established" and c.status == "True" for c in conditions)
 
     wait_until(established, 30, f"CRD {name} Established")
@@ -83,19 +84,14 @@ def _condition(api: Any, namespace: str, name: str, kind: str) -> dict[str, Any]
 def _wait_condition(
     api: Any, namespace: str, name: str, kind: str, status: str, reason: str, timeout: float
 ) -> dict[str, Any]:
-    found: dict[str, Any] = wait_for(
-        lambda: (
-            (c := _condition(api, namespace, name, kind)).get("status") == status
-            and c.get("reason") == reason
-            and c
-        ),
-        timeout,
-        f"{kind}={status} reason {reason}",
-    )
-    return found
+    def reached() -> dict[str, Any] | None:
+        c = _condition(api, namespace, name, kind)
+        return c if c.get("status") == status and c.get("reason") == reason else None
+
+    return wait_for(reached, timeout, f"{kind}={status} reason {reason}")
 
 
-def _warnings(api: Any, namespace: str, name: str) -> list[tuple[str, str]]:
+def _warnings(api: Any, namespace: str, name: str) -> list[tuple[str | None, str | None]]:
     events = client.CoreV1Api(api).list_namespaced_event(
         namespace, field_selector=f"involvedObject.name={name}"
     )
@@ -124,14 +120,13 @@ def test_a_missing_claim_is_a_stuck_pod_and_stalls_after_the_deadline(
         api_client, namespace, "llama-8b", "Stalled", "True", "VolumeUnavailable", 60
     )
     assert "spec.progressDeadline 20s" in stalled["message"]
+
+    def both_warnings() -> list[tuple[str | None, str | None]] | None:
+        w = _warnings(api_client, namespace, "llama-8b")
+        return w if {"VolumeUnavailable", "ProgressDeadlineExceeded"} <= {r for r, _ in w} else None
+
     warnings = wait_for(
-        lambda: (
-            (w := _warnings(api_client, namespace, "llama-8b"))
-            and {"VolumeUnavailable", "ProgressDeadlineExceeded"} <= {r for r, _ in w}
-            and w
-        ),
-        30,
-        "the VolumeUnavailable and ProgressDeadlineExceeded Events",
+        both_warnings, 30, "the VolumeUnavailable and ProgressDeadlineExceeded Events"
     )
     assert [r for r, _ in warnings].count("VolumeUnavailable") == 1  # once, not every pass
 
@@ -239,14 +234,13 @@ def test_a_missing_network_attachment_is_named_until_it_is_created(
         api_client, namespace, "llama-8b", "InsufficientCapacity", "True", "Unschedulable", 60
     )
     time.sleep(3 * operator.resync_seconds)  # passes go on: no Event repeats
+
+    def both_reasons() -> list[str | None] | None:
+        e = [r for r, _ in _warnings(api_client, namespace, "llama-8b")]
+        return e if {"NetworkAttachmentMissing", "InsufficientCapacity"} <= set(e) else None
+
     events = wait_for(
-        lambda: (
-            (e := [r for r, _ in _warnings(api_client, namespace, "llama-8b")])
-            and {"NetworkAttachmentMissing", "InsufficientCapacity"} <= set(e)
-            and e
-        ),
-        30,
-        "the NetworkAttachmentMissing and InsufficientCapacity Events",
+        both_reasons, 30, "the NetworkAttachmentMissing and InsufficientCapacity Events"
     )
     # When it turned True, not on every pass; nor capacity's, while its write waited.
     assert events.count("NetworkAttachmentMissing") == 1, events

@@ -44,8 +44,8 @@ SERVICE = "llama-8b"
 PRESET = "llama-3.1-8b-h200"
 # Metrics are in simulated seconds (sim/metrics.py), so the sims could run faster than real
 # time, but the moments between a request's arrival and the step that schedules it are wall
-# time, divided by --time-scale in the TTFT the sim reports: on a busy 2-core machine 0.25
-# inflated the mean TTFT by up to 17 %. Real time keeps that noise at its wall size.
+# time, divided by --time-scale in the TTFT the sim reports: a scale under 1 inflates that
+# noise in the mean TTFT. Real time keeps it at its wall size.
 TIME_SCALE = 1.0
 REQUESTS = 12
 # Histograms only know which bucket an observation fell in. With identical observations

@@ -107,7 +107,8 @@ def sim_load(routers: list[str], clients: int, limit: int = 2000) -> Load:
 
 
 class SimPods:
-    """Pods of one role backed by sims: annotations kept in PodInfos, Events recorded."""
+    """Pods of one role backed by sims (a `pdfleet.kube.writer.Writer`): annotations kept in
+    PodInfos, Events recorded."""
 
     def __init__(self, fleet: Fleet, role: str, sims: list[SimProc]):
         self.fleet, self.role, self.sims = fleet, role, sims
@@ -126,8 +127,14 @@ class SimPods:
         value = patch["metadata"]["annotations"][labels.DRAINING]
         self.pods = [replace(p, draining_since=value) if p.name == name else p for p in self.pods]
 
+    def apply(self, manifest: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+        raise AssertionError("a drain applies no child")
+
     def delete(self, kind_name: str, name: str, namespace: str) -> None:
         raise AssertionError("no pod is recreated in this test")
+
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        raise AssertionError("a drain writes no status")
 
     def event(
         self, involved: Mapping[str, Any], reason: str, message: str, type_: str = "Normal"

@@ -417,8 +417,8 @@ def test_no_scale_down_while_demand_rises(name: str, before: float, now: float, 
 
 def test_busiest_recent_burst_keeps_prefill_and_decays_with_its_own_half_life() -> None:
     # an 80k burst (3 replicas at 27k planned each), then quiet; remembered 80k x 0.5^(t/600):
-    # 56.6k after 300 s (still 3), 51k after 390 s (2). Inside the recommendations the window
-    # held the undecayed floor for 300 s more, so the pool stayed at 3 until about 640 s.
+    # 56.6k after 300 s (still 3), 51k after 390 s (2). The floor stays out of the
+    # recommendations: inside them the window would hold it undecayed for 300 s more.
     history = _run_windows(CFG, [peaky(80_000, 80_000)] + [peaky(5_000, 5_000)] * 26, (3, 1))
     assert [h.prefill for h in history[:21]] == [3] * 21, [h.reasons for h in history]
     assert "prefill: busiest recent burst 56569/s needs 3" in history[20].reasons
@@ -499,7 +499,8 @@ def _run_windows(
 
 def test_prefill_without_prior_does_not_grow_on_light_load() -> None:
     # the first windows only say one replica held the target at 500 tokens/s: no limit seen,
-    # so nothing suggests a second replica (it used to plan for 90 % of the load just seen)
+    # so nothing suggests a second replica (the load held is not a capacity: planned at 90 %
+    # of it, it would ask for one)
     history = _run_windows(NO_PRIOR, [role(prompt=500, ttft=0.03)] * 8, (1, 1))
     assert [h.prefill for h in history] == [1] * 8, [h.reasons for h in history]
 

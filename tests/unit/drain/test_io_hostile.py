@@ -121,8 +121,8 @@ def test_a_bad_engine_page_is_unknown(status: int, body: str) -> None:
 
 
 def test_an_odd_value_in_a_series_the_drain_does_not_read_is_not_its_business() -> None:
-    """A NaN ratio or a negative histogram sum elsewhere on a worker's page once held a drain
-    until its timeout: only the in-flight gauges decide."""
+    """A NaN ratio or a negative histogram sum elsewhere on a worker's page must not hold a
+    drain until its timeout: only the in-flight gauges decide."""
     page = (
         "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
         "vllm:gpu_prefix_cache_hit_rate NaN\nvllm:request_queue_time_seconds_sum -0.002\n"

@@ -252,9 +252,9 @@ def test_needs_io_only_while_draining(
 
 
 def test_a_finished_drain_stays_done_whatever_a_later_reading_says() -> None:
-    """Seen on the cluster: the pod index still showed the pool at 4 after it was lowered to
-    1, and a router read failed (the worker counted as registered again). Without the
-    memory of finished drains the pool grew back to 4 and drained the same pods twice."""
+    """The pod index may still show the pool at 4 after it was lowered to 1 while a router
+    read fails (the worker counts as registered again). Without the memory of finished
+    drains the pool would grow back to 4 and drain the same pods twice."""
     pods = [pod(D, 0), pod(D, 1, draining=5), pod(D, 2, draining=5), pod(D, 3, draining=5)]
     since = pods[1].draining_since or ""
     finished = {(f"svc-decode-{i}", since) for i in (1, 2, 3)}

@@ -102,7 +102,7 @@ def test_no_renewal_until_the_deadline_ends_leadership_before_the_lease_expires(
 
 def test_a_refused_renewal_is_retried_soon_not_a_renew_period_later() -> None:
     # Two refused writes in a row (409 on a stale read, 429 from API priority and fairness)
-    # used to cost 10 s, the whole renew deadline; retried every second they cost 2.
+    # are retried every second: they cost 2 s, not the whole 10 s renew deadline.
     stop = NoWait(5, elector := Scripted([True, False, False, True, True]))
     lost: list[bool] = []
     elector.keep_renewing(stop, lambda: lost.append(True))

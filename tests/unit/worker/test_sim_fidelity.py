@@ -22,7 +22,7 @@ from pdfleet_worker.sim.procs import SimProc, start_sim
 
 PRESET = "llama-3.1-70b-h100-tp4"  # long steps (~15 ms) keep scheduler noise under 5 %
 # Over the 8192-token budget: two chunked-prefill steps, ~0.83 s of TTFT, which keeps the
-# fixed HTTP overhead of a loaded CI machine (~10 ms) well inside the 5 % tolerance.
+# fixed HTTP overhead of a loaded machine well inside the 5 % tolerance.
 PROMPT_TOKENS = 12000
 OUTPUT_TOKENS = 40
 

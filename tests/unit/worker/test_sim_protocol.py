@@ -663,9 +663,9 @@ def test_sigterm_drains_in_flight_then_exits(tmp_path: Path) -> None:
         result: list[httpx.Response] = []
         t = threading.Thread(target=lambda: result.append(_post(sim, {"max_tokens": 2000})))
         t.start()  # 2000 tokens x ~5 ms x 0.1 = ~1 s wall
-        # Signal only once the request runs, and post only once the drain began: fixed sleeps
-        # lost both races on a loaded machine (SIGTERM before the request arrived, the drain
-        # then over at once).
+        # Signal only once the request runs, and post only once the drain began: a fixed sleep
+        # can lose either race on a loaded machine (SIGTERM before the request arrives, the
+        # drain then over at once).
         wait_until(lambda: sim.stats()["running"] == 1, 10, "the request to run", 0.01)
         sim.signal(signal.SIGTERM)
         wait_until(lambda: not sim.stats()["accepting"], 10, "the drain to begin", 0.01)
