@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pdfleet.autoscale.policy import MetricsWindow, RoleMetrics, RoleReplicas
+from pdfleet.autoscale.promql import PEAK_RATE_S
 from pdfleet_lab.traces import Workload
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class SimConfig:
     kv_bandwidth_bytes_per_s: float = 50e9  # one IB NDR port per GPU
     interval_s: float = 15.0  # controller period
     metrics_window_s: float = 60.0  # like rate(...[1m]) in the PromQL
-    peak_rate_s: float = 15.0  # sub-window of the peak prompt rate (PromQL subquery)
+    peak_rate_s: float = PEAK_RATE_S  # sub-window of the peak prompt rate (PromQL subquery)
     peak_step_s: float = 5.0  # its evaluation step
     percentile: float = 95.0
     cluster_gpus: int = 12  # GPUs that exist; more workers stay Pending

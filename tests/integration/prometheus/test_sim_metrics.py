@@ -267,18 +267,18 @@ def test_every_role_query_is_finite_and_sensible(loaded: Loaded) -> None:
 
 
 def test_the_documented_peak_rate_subquery_runs(loaded: Loaded) -> None:
-    """docs/autoscaling.md's burst signal: the highest 15 s prompt rate in the window.
+    """docs/autoscaling.md's burst signal: the highest 30 s prompt rate in the window.
 
     The subquery is evaluated at multiples of 5 s, and rate() needs two samples in the
-    15 s before each: a series younger than one step has no answer yet, so poll briefly.
+    30 s before each: a series younger than one step has no answer yet, so poll briefly.
     """
-    selector = promql.Target(NAMESPACE, SERVICE, "prefill").selector(promql.PROMPT_TOKENS)
-    query = f"max_over_time(sum(rate({selector}[15s]))[{promql.duration(60)}:5s])"
+    target = promql.Target(NAMESPACE, SERVICE, "prefill")
+    query = promql.peak_rate(target, promql.PROMPT_TOKENS, 60)
     loaded.prom.wait_for(lambda: math.isfinite(loaded.prom.scalar(query)), 15, query)
     peak = loaded.prom.scalar(query)
-    # No 15 s range holds more than the whole load (rate() extrapolates to the range's
+    # No 30 s range holds more than the whole load (rate() extrapolates to the range's
     # edges by at most about one scrape interval).
-    assert 0 < peak <= 1.3 * REQUESTS * PROMPT_TOKENS / 15, peak
+    assert 0 < peak <= 1.3 * REQUESTS * PROMPT_TOKENS / promql.PEAK_RATE_S, peak
 
 
 def test_series_that_do_not_exist_read_as_missing_and_the_policy_holds(loaded: Loaded) -> None:

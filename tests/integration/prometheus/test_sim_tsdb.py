@@ -109,7 +109,6 @@ def _queries() -> list[str]:
     for role in ("prefill", "decode"):
         target = promql.Target(SERVICE["namespace"], SERVICE["pdfleet_service"], role)
         queries += promql.role_queries(target, 95, 60).values()
-        queries.append(promql.peak_rate(target, promql.PROMPT_TOKENS, 120, short_s=30))
     queries += promql.slo_bucket_queries(
         SERVICE["namespace"], SERVICE["pdfleet_service"], 120
     ).values()

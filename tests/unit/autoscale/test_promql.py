@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from pdfleet.autoscale import promql
 from pdfleet.autoscale.metrics import (
@@ -17,6 +19,7 @@ from pdfleet.autoscale.metrics import (
     to_role_metrics,
 )
 from pdfleet.autoscale.policy import PolicyConfig, metrics_problem
+from tests.spec_cases import ROOT
 
 T = promql.Target("serving", "llama-8b", "prefill")
 SEL = 'namespace="serving",pdfleet_service="llama-8b",pdfleet_role="prefill"'
@@ -97,7 +100,29 @@ def test_itl_is_the_exact_window_mean() -> None:
 def test_peak_prompt_rate_is_a_subquery_over_the_window() -> None:
     q = promql.role_queries(T, 95, 60)["prompt_tokens_rate_peak"]
     assert q.startswith("max_over_time(sum(rate(vllm:prompt_tokens_total{")
-    assert q.endswith("[15s]))[60s:5s])")
+    assert q.endswith("[30s]))[60s:5s])")
+
+
+def _seconds(duration: str) -> float:
+    assert duration.endswith("s"), duration
+    return float(duration[:-1])
+
+
+def test_the_peak_range_holds_two_scrapes_of_every_shipped_interval() -> None:
+    """rate() answers nothing from one sample, and Prometheus 3's ranges are left-open: the
+    burst signal's range must exceed each shipped scrape interval of the workers."""
+    scrape = Path(promql.__file__).parent / "scrape"
+    job = yaml.safe_load((scrape / "kubernetes_sd.yaml").read_text())[0]
+    monitor = yaml.safe_load((scrape / "podmonitor.yaml").read_text())["spec"]
+    values = yaml.safe_load((ROOT / "charts" / "pdfleet" / "values.yaml").read_text())
+    intervals = [
+        job["scrape_interval"],
+        *(endpoint["interval"] for endpoint in monitor["podMetricsEndpoints"]),
+        values["monitoring"]["workersPodMonitor"]["interval"],
+    ]
+    assert len(intervals) == 3
+    for interval in intervals:
+        assert 2 * _seconds(interval) <= promql.PEAK_RATE_S, interval
 
 
 @pytest.mark.parametrize(

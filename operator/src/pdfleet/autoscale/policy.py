@@ -93,7 +93,7 @@ class PolicyConfig:
     trend_window_s: float = 300.0
     backlog_drain_s: float = 120.0  # queued prompts should be worked off within this
     # Bursts shorter than a start-up recur: prefill does not shrink below what the busiest
-    # recent burst (15 s peak rate) needs, remembered with this half-life.
+    # recent burst (promql.PEAK_RATE_S peak rate) needs, remembered with this half-life.
     burst_memory_half_life_s: float = 600.0
     # Optional priors (load per replica at the target): prompt tokens/s for prefill,
     # generated tokens/s for decode. Without them the policy starts in feedback-only mode.

@@ -85,7 +85,14 @@ def mean(target: Target, histogram: str, window_s: float) -> str:
     )
 
 
-def peak_rate(target: Target, counter: str, window_s: float, short_s: float = 15.0) -> str:
+# The short range of the burst signal. rate() needs two samples inside the range, and
+# Prometheus 3's ranges are left-open, so a range as long as the scrape interval holds one
+# sample and answers nothing: twice the shipped 15 s interval (scrape/, the chart's
+# PodMonitor) always holds two.
+PEAK_RATE_S = 30.0
+
+
+def peak_rate(target: Target, counter: str, window_s: float, short_s: float = PEAK_RATE_S) -> str:
     """The highest `short_s` rate within the window, sampled every 5 s (a subquery): the
     bursts a batching prefill engine must absorb, which the window mean hides."""
     inner = f"sum(rate({target.selector(counter)}[{duration(short_s)}]))"
