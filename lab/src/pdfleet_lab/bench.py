@@ -1,7 +1,8 @@
-"""`pdfleet bench autoscale`: replay workloads through the fleet simulator, policy vs baselines.
+"""The autoscaler's benchmark: replay workloads through the fleet simulator, policy vs baselines.
 
-Where it fits: the `pdfleet` CLI forwards its arguments to `main(argv)`; it also runs as
-`python -m pdfleet_lab.bench`. For each workload it runs pdfleet's policy
+Where it fits: `make bench-autoscale` runs `python -m pdfleet_lab.bench`. Every controller
+reads its windows as the operator does (`--signals prometheus`, the default: the operator's
+PromQL over the engines' scraped series, `sim.py`). For each workload it runs pdfleet's policy
 (`policy.decide` via `baselines.PolicyController`), the threshold autoscaler, the Dynamo
 planner's throughput formula, every fixed P:D split that can matter and the clairvoyant
 bound (`oracle.py`; also its plan with the start-up paid, which splits the distance to the
@@ -171,6 +172,7 @@ def bench_workload(
         startup_s=args.startup,
         interval_s=args.interval,
         cluster_gpus=args.budget,
+        signals=args.signals,
     )
     pcfg = policy_config(sim, ttft, itl, args.budget)
     flap_window = pcfg.scale_down_stabilization_s
@@ -215,6 +217,8 @@ def bench_workload(
             "startup_s": sim.startup_s,
             "interval_s": sim.interval_s,
             "metrics_window_s": sim.metrics_window_s,
+            "signals": sim.signals,
+            "scrape_interval_s": sim.scrape_interval_s,
             "percentile": sim.percentile,
             "gpu_budget": args.budget,
             "initial": list(initial),
@@ -358,7 +362,9 @@ def _default_workloads_dir() -> Path:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="pdfleet bench autoscale", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m pdfleet_lab.bench", description=__doc__.split("\n")[0]
+    )
     ap.add_argument(
         "workloads",
         nargs="*",
@@ -376,6 +382,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--startup", type=float, default=120.0, help="worker start-up, s")
     ap.add_argument("--interval", type=float, default=15.0, help="control interval, s")
     ap.add_argument("--preset", default="llama-3.1-8b-h200")
+    ap.add_argument(
+        "--signals",
+        choices=["prometheus", "direct"],
+        default="prometheus",
+        help="windows from the operator's queries over scraped series (as in production), "
+        "or the simulator's exact ones",
+    )
     ap.add_argument("--speedup", type=float, default=1.0, help="time compression of the trace")
     ap.add_argument("--initial-prefill", type=int, default=2)
     ap.add_argument("--initial-decode", type=int, default=1)

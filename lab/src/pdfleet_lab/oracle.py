@@ -46,8 +46,11 @@ Runner = Callable[[Workload, int, int], SplitResult]
 
 
 def runner(cfg: SimConfig, ttft_slo: float, itl_slo: float) -> Runner:
+    # A fixed split reads no window: nothing needs scraping.
+    unscraped = replace(cfg, signals="direct")
+
     def run(wl: Workload, p: int, d: int) -> SplitResult:
-        res = simulate(wl, cfg, fixed(p, d), (p, d))
+        res = simulate(wl, unscraped, fixed(p, d), (p, d))
         return SplitResult(p, d, res.attainment(ttft_slo, itl_slo), res.gpu_hours, len(wl))
 
     return run

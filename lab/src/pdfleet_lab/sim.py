@@ -15,9 +15,13 @@ Model (step level, not token level, so an hour of 180k requests replays in secon
   or leaves. A request needs `output` decode steps; the first yields its first token.
   Admission needs a free seat (`max_num_seqs`) and KV room for prompt + output.
 - Router: the (prefill, decode) pair is chosen at arrival, least outstanding work first,
-  among ready workers that are not draining. Request and prompt-token rates are counted
-  there (offered load, like the router's or Dynamo frontend's counters); generated tokens
-  are counted as decode steps produce them.
+  among ready workers that are not draining.
+- Signals: each serving worker keeps vLLM's metric families (`exporter.EngineMetrics`),
+  scraped every `scrape_interval_s` into an in-memory Prometheus (`tsdb.SimPrometheus`); the
+  controller's window is read from it by the operator's own `PrometheusSource`, with the
+  operator's queries, so it sees served (not offered) load, the engines' own latencies and
+  what the scrape interval hides. `signals="direct"` instead reads the simulator's exact
+  window (offered load at the router, latency percentiles of every request), for comparing.
 - Scaling: new workers are ready `startup_s` after they get GPUs; with the cluster full they
   stay Pending (not capacity). Removal takes Pending, then starting, then the newest ready
   workers, which drain: they take no new requests and leave when their in-flight work (for
@@ -33,11 +37,14 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
+from pdfleet.autoscale.metrics import PrometheusSource
 from pdfleet.autoscale.policy import MetricsWindow, RoleMetrics, RoleReplicas
 from pdfleet.autoscale.promql import PEAK_RATE_S
+from pdfleet_lab.exporter import NAMESPACE, SERVICE, EngineMetrics
 from pdfleet_lab.traces import Workload
+from pdfleet_lab.tsdb import SimPrometheus
 
 if TYPE_CHECKING:
     from pdfleet_worker.perfmodel import PerfModel
@@ -45,7 +52,7 @@ if TYPE_CHECKING:
 # A controller: (now, prefill replicas, decode replicas, metrics) -> desired (prefill, decode).
 Controller = Callable[[float, RoleReplicas, RoleReplicas, MetricsWindow], tuple[int, int]]
 
-_ARRIVE, _PREFILL_DONE, _KV_DONE, _DECODE_DONE, _READY, _TICK = range(6)
+_ARRIVE, _PREFILL_DONE, _KV_DONE, _DECODE_DONE, _READY, _TICK, _SCRAPE = range(7)
 PENDING, STARTING, READY, DRAINING, GONE = range(5)
 _EPS = 1e-9
 
@@ -63,6 +70,10 @@ class SimConfig:
     cluster_gpus: int = 12  # GPUs that exist; more workers stay Pending
     prefill_gpus: int = 1
     decode_gpus: int = 1
+    # What the controller reads: the operator's queries over scraped series, or the
+    # simulator's exact window.
+    signals: Literal["prometheus", "direct"] = "prometheus"
+    scrape_interval_s: float = 15.0  # the shipped scrape configurations' interval
 
 
 @dataclass
@@ -221,10 +232,13 @@ class FleetSim:
         self.m_req, self.m_prompt, self.m_gen = _Window(w), _Window(w), _Window(w)
         self.timeline: list[dict[str, float]] = []
         self.scale_events: list[tuple[float, str, int, int]] = []
+        self.prometheus = SimPrometheus()
+        self.engines: dict[int, EngineMetrics] = {}
+        self.source = PrometheusSource("simulated", client=self.prometheus)
         for _ in range(initial[0]):
-            self._new_worker("prefill", READY)
+            self._serving(self._new_worker("prefill", READY))
         for _ in range(initial[1]):
-            self._new_worker("decode", READY)
+            self._serving(self._new_worker("decode", READY))
         self._refresh()
 
     # --- event plumbing -------------------------------------------------------------------
@@ -258,6 +272,30 @@ class FleetSim:
         self.workers.append(w)
         self.live.append(w)
         return w
+
+    def _serving(self, w: _Worker) -> None:
+        """A worker's engine is up: its metrics exist, and Prometheus scrapes it from now on
+        at a phase of its own (as targets are spread over the interval)."""
+        self.engines[w.idx] = EngineMetrics(w.role, f"{w.role}-{w.idx}")
+        if self.cfg.signals != "prometheus":
+            return  # nothing reads the series
+        interval = self.cfg.scrape_interval_s
+        self._push(self.now + (w.idx * 7.3) % interval, _SCRAPE, w.idx)
+
+    def _on_scrape(self, w: _Worker) -> None:
+        if w.state not in (READY, DRAINING):
+            return  # gone: its series end, as a stopped pod's do
+        engine = self.engines[w.idx]
+        kv = self.perf.kv_capacity_tokens
+        if w.role == "prefill":
+            waiting = max(0, len(w.queue) - (1 if w.busy else 0))
+            usage = w.queued_tokens / kv
+        else:
+            self._sync(w)
+            waiting, usage = len(w.queue), w.reserved / kv
+        engine.scrape(self.prometheus, self.now, float(waiting), min(usage, 1.0))
+        if self.now + self.cfg.scrape_interval_s <= self.end:
+            self._push(self.now + self.cfg.scrape_interval_s, _SCRAPE, w.idx)
 
     def _admit_pending(self) -> None:
         """Pending workers get GPUs in creation order as the cluster frees them."""
@@ -377,6 +415,10 @@ class FleetSim:
                 w.queue.popleft()
                 rid = item[0]
                 self.m_ttft_p.add(self.now, self.now - self.arrival[rid])
+                engine = self.engines[w.idx]
+                engine.first_token(self.now - self.arrival[rid], self.isl[rid])
+                engine.decoded(1.0, 0.0)
+                engine.finished(None)
                 kv = self.perf.kv_transfer_seconds(self.isl[rid], self.cfg.kv_bandwidth_bytes_per_s)
                 self.kv_time[rid] = self.now + kv
                 self._push(self.now + kv, _KV_DONE, rid)
@@ -393,6 +435,7 @@ class FleetSim:
                 w.ctx += w.batch * ds
                 self.m_gen.add(self.now, w.batch * ds)
                 self.m_itl.add(self.now, w.tau, w.batch * ds)
+                self.engines[w.idx].decoded(w.batch * ds, w.tau)
         w.t_sync = self.now
 
     def _fits(self, w: _Worker, rid: int) -> bool:
@@ -409,6 +452,7 @@ class FleetSim:
         first = self.now + self.perf.decode_step_seconds(w.batch, w.ctx / w.batch)
         self.first_token[rid] = first
         self.m_ttft_d.add(self.now, first - self.kv_time[rid])
+        self.engines[w.idx].first_token(first - self.kv_time[rid], self.isl[rid])
 
     def _reschedule(self, w: _Worker) -> None:
         w.version += 1
@@ -440,6 +484,9 @@ class FleetSim:
             w.reserved -= self.isl[rid] + self.osl[rid]
             w.assigned -= 1
             self.finish[rid] = self.now
+            out = self.osl[rid]
+            tpot = (self.now - self.first_token[rid]) / (out - 1) if out > 1 else None
+            self.engines[w.idx].finished(tpot)
         if w.batch == 0:
             w.ctx = 0.0
         while w.queue and self._fits(w, w.queue[0][0]):
@@ -498,8 +545,18 @@ class FleetSim:
             ),
         )
 
+    def window(self) -> MetricsWindow:
+        """What the controller reads (SimConfig.signals)."""
+        if self.cfg.signals == "direct":
+            return self.metrics()
+        self.prometheus.now = self.now
+        self.prometheus.forget_before(self.now)
+        return self.source.window(
+            NAMESPACE, SERVICE, self.now, self.cfg.percentile, self.cfg.metrics_window_s
+        )
+
     def _on_tick(self) -> None:
-        m = self.metrics()
+        m = self.window()
         p, d = self._replicas("prefill"), self._replicas("decode")
         want_p, want_d = self.controller(self.now, p, d, m)
         self._record(m, p, d)
@@ -510,7 +567,8 @@ class FleetSim:
             self._push(nxt, _TICK, 0)
 
     def _record(self, m: MetricsWindow, p: RoleReplicas, d: RoleReplicas) -> None:
-        assert m.prefill is not None and m.decode is not None
+        missing = RoleMetrics(*(math.nan,) * 7)  # a role without series: nothing to chart
+        prefill, decode = m.prefill or missing, m.decode or missing
         self.timeline.append(
             {
                 "t": self.now,
@@ -519,13 +577,13 @@ class FleetSim:
                 "prefill_ready": p.ready,
                 "decode_ready": d.ready,
                 "gpus": self._held(),
-                "req_rate": m.prefill.request_rate,
-                "prompt_tps": m.prefill.prompt_tokens_rate,
-                "prompt_tps_peak": m.prefill.prompt_tokens_rate_peak,
-                "gen_tps": m.decode.generation_tokens_rate,
-                "ttft_prefill": m.prefill.ttft_s,
-                "ttft_decode": m.decode.ttft_s,
-                "itl": m.decode.itl_s,
+                "req_rate": prefill.request_rate,
+                "prompt_tps": prefill.prompt_tokens_rate,
+                "prompt_tps_peak": prefill.prompt_tokens_rate_peak,
+                "gen_tps": decode.generation_tokens_rate,
+                "ttft_prefill": prefill.ttft_s,
+                "ttft_decode": decode.ttft_s,
+                "itl": decode.itl_s,
             }
         )
 
@@ -551,8 +609,11 @@ class FleetSim:
                 self._on_prefill_done(workers[a], b)
             elif kind == _TICK:
                 self._on_tick()
+            elif kind == _SCRAPE:
+                self._on_scrape(workers[a])
             elif kind == _READY and workers[a].state == STARTING:
                 workers[a].state = READY
+                self._serving(workers[a])
                 self._refresh()
                 self._flush_router()
         self.now = self.end

@@ -5,9 +5,11 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pdfleet.autoscale.metrics import PrometheusSource
 from pdfleet.autoscale.policy import MetricsWindow, RoleReplicas
 from pdfleet_lab import traces
 from pdfleet_lab.bench import RunSummary, at_equal_cost, count_flaps
@@ -148,3 +150,30 @@ _RISE = [[(1.0, 10.0), (3.0, 20.0)], [(1.0, 10.0), (2.0, 20.0)]]
 )
 def test_cheapest_plan_paying_startup(name: str, startup_s: float, want: list[int]) -> None:
     assert cheapest_plan(_RISE, 30.0, [[1, 3], [1, 2]], startup_s) == want, name
+
+
+def test_the_benchmark_reads_each_window_through_the_operators_metrics_source(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One signal path: every window a controller gets in the simulator is what the
+    operator's PrometheusSource.window answered, over series the engines' scrapes wrote."""
+    answered: list[MetricsWindow] = []
+    window = PrometheusSource.window
+
+    def spy(source: PrometheusSource, *args: Any) -> MetricsWindow:
+        answered.append(window(source, *args))
+        return answered[-1]
+
+    monkeypatch.setattr(PrometheusSource, "window", spy)
+    received: list[MetricsWindow] = []
+
+    def hold(now: float, p: RoleReplicas, d: RoleReplicas, m: MetricsWindow) -> tuple[int, int]:
+        received.append(m)
+        return p.current, d.current
+
+    simulate(_wl(600, 0.25), CFG, hold, (1, 1))
+    assert received and all(got is read for got, read in zip(received, answered, strict=True))
+    served = [m for m in received[6:] if m.prefill and m.decode]
+    assert len(served) == len(received) - 6  # both roles answer once a window has two scrapes
+    # Served prompt tokens: 1000 every 0.25 s, as the prefill engine counts them.
+    assert all(m.prefill and 3000 < m.prefill.prompt_tokens_rate < 5000 for m in served)

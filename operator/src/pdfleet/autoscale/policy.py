@@ -154,7 +154,7 @@ class RoleMetrics:
     generation_tokens_rate: float
     num_requests_waiting: float
     kv_cache_usage: float
-    # Highest short-interval (15 s) prompt-token rate inside the window, from a PromQL
+    # Highest short-interval (promql.PEAK_RATE_S) prompt-token rate in the window, from a PromQL
     # subquery (docs/autoscaling.md); NaN when the source does not provide it, and the
     # policy then sizes prefill on the window mean.
     prompt_tokens_rate_peak: float = math.nan
