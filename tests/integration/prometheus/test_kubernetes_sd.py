@@ -120,7 +120,7 @@ def test_prometheus_discovers_the_worker_pods_with_the_relabelled_labels(
 def test_vllm_series_carry_the_labels_the_promql_selects_on(discovered: Discovered) -> None:
     discovered.prom.wait_for_targets(2, timeout_s=60)
     for role in WORKERS:
-        target = promql.Target(discovered.namespace, SERVICE, role)
+        target = promql.RoleSeries(discovered.namespace, SERVICE, role)
         series = discovered.prom.query(target.selector(promql.KV_USAGE))
         assert len(series) == 1, (role, series)
         assert series[0]["metric"]["model_name"] == MODEL

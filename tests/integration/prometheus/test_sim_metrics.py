@@ -133,7 +133,7 @@ def _target(sim: SimProc, role: str) -> prometheus.StaticTarget:
 
 
 def _finished(prom: prometheus.Prometheus, role: str) -> float:
-    target = promql.Target(NAMESPACE, SERVICE, role)
+    target = promql.RoleSeries(NAMESPACE, SERVICE, role)
     return prom.scalar(f"sum({target.selector(promql.REQUESTS)})")
 
 
@@ -178,7 +178,7 @@ def _window(loaded: Loaded, service: str = SERVICE) -> MetricsWindow:
 def _quantile(loaded: Loaded, role: str, histogram: str) -> float:
     """`promql.quantile` of one role's histogram, sent through prometheus-api-client."""
     client = PrometheusConnect(url=loaded.prom.url, disable_ssl=True)
-    target = promql.Target(NAMESPACE, SERVICE, role)
+    target = promql.RoleSeries(NAMESPACE, SERVICE, role)
     return parse_scalar(
         client.custom_query(promql.quantile(target, histogram, PERCENTILE, loaded.window_s))
     )
@@ -215,7 +215,7 @@ def test_mean_ttft_and_itl_match_the_latency_model(loaded: Loaded) -> None:
     """Histogram sums are exact: the mean is a much finer check than the bucketed quantile."""
 
     def mean(role: str, histogram: str) -> float:
-        target = promql.Target(NAMESPACE, SERVICE, role)
+        target = promql.RoleSeries(NAMESPACE, SERVICE, role)
         return loaded.prom.scalar(promql.mean(target, histogram, loaded.window_s))
 
     ttft, itl = mean("prefill", promql.TTFT), mean("decode", promql.ITL)
@@ -237,7 +237,7 @@ def test_mean_ttft_and_itl_match_the_latency_model(loaded: Loaded) -> None:
 def test_every_role_query_is_finite_and_sensible(loaded: Loaded) -> None:
     m = _window(loaded)
     assert m.prefill is not None and m.decode is not None
-    queried = set(promql.role_queries(promql.Target(NAMESPACE, SERVICE, "prefill"), 50, 60))
+    queried = set(promql.role_queries(promql.RoleSeries(NAMESPACE, SERVICE, "prefill"), 50, 60))
     p, d = m.prefill, m.decode
     for name in {f.name for f in fields(RoleMetrics)} - queried:
         # Fields no query fills yet (the burst peak, docs/autoscaling.md) must read as NaN.
@@ -272,7 +272,7 @@ def test_the_documented_peak_rate_subquery_runs(loaded: Loaded) -> None:
     The subquery is evaluated at multiples of 5 s, and rate() needs two samples in the
     30 s before each: a series younger than one step has no answer yet, so poll briefly.
     """
-    target = promql.Target(NAMESPACE, SERVICE, "prefill")
+    target = promql.RoleSeries(NAMESPACE, SERVICE, "prefill")
     query = promql.peak_rate(target, promql.PROMPT_TOKENS, 60)
     loaded.prom.wait_for(lambda: math.isfinite(loaded.prom.scalar(query)), 15, query)
     peak = loaded.prom.scalar(query)
@@ -292,7 +292,7 @@ def test_series_that_do_not_exist_read_as_missing_and_the_policy_holds(loaded: L
         (c.type, c.status, c.reason) for c in held.conditions
     }
     # Each query on its own answers an empty vector, which reads as NaN (not zero).
-    target = promql.Target(NAMESPACE, "no-such-service", "decode")
+    target = promql.RoleSeries(NAMESPACE, "no-such-service", "decode")
     for name, query in promql.role_queries(target, PERCENTILE, loaded.window_s).items():
         assert loaded.prom.query(query) == [], name
 
@@ -321,7 +321,7 @@ def test_the_fault_suites_prometheus_proxy_gives_each_reason(
         m = source.window(NAMESPACE, SERVICE, time.time(), PERCENTILE, loaded.window_s)
         config = PolicyConfig(ttft_target_s=1.0, itl_target_s=0.05)
         assert metrics_problem(time.time(), config, m) == reason
-        queries = 2 * len(promql.role_queries(promql.Target(NAMESPACE, SERVICE, "x"), 50, 60))
+        queries = 2 * len(promql.role_queries(promql.RoleSeries(NAMESPACE, SERVICE, "x"), 50, 60))
         queries += len(promql.slo_bucket_queries(NAMESPACE, SERVICE, 60))  # SLO attainment
         assert proxy.rewritten == (0 if mode == "pass" else queries)
 

@@ -107,7 +107,7 @@ def _store(fleet: dict[str, list[float | None]]) -> SimPrometheus:
 def _queries() -> list[str]:
     queries: list[str] = []
     for role in ("prefill", "decode"):
-        target = promql.Target(SERVICE["namespace"], SERVICE["pdfleet_service"], role)
+        target = promql.RoleSeries(SERVICE["namespace"], SERVICE["pdfleet_service"], role)
         queries += promql.role_queries(target, 95, 60).values()
     queries += promql.slo_bucket_queries(
         SERVICE["namespace"], SERVICE["pdfleet_service"], 120

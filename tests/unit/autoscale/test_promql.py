@@ -21,7 +21,7 @@ from pdfleet.autoscale.metrics import (
 from pdfleet.autoscale.policy import PolicyConfig, metrics_problem
 from tests.spec_cases import ROOT
 
-T = promql.Target("serving", "llama-8b", "prefill")
+T = promql.RoleSeries("serving", "llama-8b", "prefill")
 SEL = 'namespace="serving",pdfleet_service="llama-8b",pdfleet_role="prefill"'
 
 
@@ -73,7 +73,7 @@ def test_slo_histograms_are_bucket_rates_of_the_role_judged_on_each() -> None:
 
 
 def test_label_values_are_escaped() -> None:
-    t = promql.Target('a"b', "s\\x", "decode")
+    t = promql.RoleSeries('a"b', "s\\x", "decode")
     assert 'namespace="a\\"b"' in t.selector("m")
     assert 'pdfleet_service="s\\\\x"' in t.selector("m")
 

@@ -14,7 +14,7 @@ from pdfleet.autoscale import promql
 from pdfleet.autoscale.metrics import PrometheusSource
 from pdfleet_lab.tsdb import PromQLError, SimPrometheus, bucket_quantile, extrapolated_rate, parse
 
-TARGET = promql.Target("ns", "svc", "prefill")
+TARGET = promql.RoleSeries("ns", "svc", "prefill")
 
 
 def test_every_operator_query_parses() -> None:

@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 from pdfleet.autoscale.attainment import Buckets
 from pdfleet.autoscale.policy import MetricsWindow, RoleMetrics
-from pdfleet.autoscale.promql import Target, role_queries, slo_bucket_queries
+from pdfleet.autoscale.promql import RoleSeries, role_queries, slo_bucket_queries
 
 T = TypeVar("T")
 
@@ -166,7 +166,9 @@ class PrometheusSource:
         sampled = {
             (role, k): self._queries.submit(self._query, q, failed, parse_sample)
             for role in ("prefill", "decode")
-            for k, q in role_queries(Target(namespace, service, role), percentile, window_s).items()
+            for k, q in role_queries(
+                RoleSeries(namespace, service, role), percentile, window_s
+            ).items()
         }
         bucketed = {
             k: self._queries.submit(self._query, q, failed, parse_buckets)

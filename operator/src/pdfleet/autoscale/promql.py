@@ -35,7 +35,7 @@ def duration(seconds: float) -> str:
 
 
 @dataclass(frozen=True)
-class Target:
+class RoleSeries:
     """Which series: one InferenceService (namespace/name) and one role."""
 
     namespace: str
@@ -49,34 +49,34 @@ class Target:
         )
 
 
-def buckets(target: Target, histogram: str, window_s: float) -> str:
+def buckets(target: RoleSeries, histogram: str, window_s: float) -> str:
     """A histogram's bucket rates in the window, summed over the role's pods: one sample
     per bucket, labelled `le`."""
     selector = target.selector(f"{histogram}_bucket")
     return f"sum by (le) (rate({selector}[{duration(window_s)}]))"
 
 
-def quantile(target: Target, histogram: str, percentile: float, window_s: float) -> str:
+def quantile(target: RoleSeries, histogram: str, percentile: float, window_s: float) -> str:
     """The percentile of a histogram over the role's pods, from bucket rates in the window."""
     return f"histogram_quantile({percentile / 100.0:g}, {buckets(target, histogram, window_s)})"
 
 
-def rate(target: Target, counter: str, window_s: float) -> str:
+def rate(target: RoleSeries, counter: str, window_s: float) -> str:
     """Per-second rate of a counter summed over the role's pods."""
     return f"sum(rate({target.selector(counter)}[{duration(window_s)}]))"
 
 
-def gauge_sum(target: Target, gauge: str, window_s: float) -> str:
+def gauge_sum(target: RoleSeries, gauge: str, window_s: float) -> str:
     """A gauge averaged over the window per pod, summed over the role's pods (queues)."""
     return f"sum(avg_over_time({target.selector(gauge)}[{duration(window_s)}]))"
 
 
-def gauge_mean(target: Target, gauge: str, window_s: float) -> str:
+def gauge_mean(target: RoleSeries, gauge: str, window_s: float) -> str:
     """A gauge averaged over the window and over the role's pods (utilizations)."""
     return f"avg(avg_over_time({target.selector(gauge)}[{duration(window_s)}]))"
 
 
-def mean(target: Target, histogram: str, window_s: float) -> str:
+def mean(target: RoleSeries, histogram: str, window_s: float) -> str:
     """The exact mean of a histogram's observations in the window (sum over count)."""
     w = duration(window_s)
     return (
@@ -92,14 +92,16 @@ def mean(target: Target, histogram: str, window_s: float) -> str:
 PEAK_RATE_S = 30.0
 
 
-def peak_rate(target: Target, counter: str, window_s: float, short_s: float = PEAK_RATE_S) -> str:
+def peak_rate(
+    target: RoleSeries, counter: str, window_s: float, short_s: float = PEAK_RATE_S
+) -> str:
     """The highest `short_s` rate within the window, sampled every 5 s (a subquery): the
     bursts a batching prefill engine must absorb, which the window mean hides."""
     inner = f"sum(rate({target.selector(counter)}[{duration(short_s)}]))"
     return f"max_over_time({inner}[{duration(window_s)}:5s])"
 
 
-def role_queries(target: Target, percentile: float, window_s: float) -> dict[str, str]:
+def role_queries(target: RoleSeries, percentile: float, window_s: float) -> dict[str, str]:
     """Every query one role needs, keyed by the `policy.RoleMetrics` field it fills.
 
     ITL is the window's exact mean, not a histogram quantile: vLLM's ITL buckets are 10, 25,
@@ -123,6 +125,6 @@ def slo_bucket_queries(namespace: str, service: str, window_s: float) -> dict[st
     `policy.MetricsWindow` field each fills: the prefill pods' TTFT, the decode pods'
     per-request time per output token (a request's mean ITL)."""
     return {
-        "ttft_buckets": buckets(Target(namespace, service, "prefill"), TTFT, window_s),
-        "tpot_buckets": buckets(Target(namespace, service, "decode"), TPOT, window_s),
+        "ttft_buckets": buckets(RoleSeries(namespace, service, "prefill"), TTFT, window_s),
+        "tpot_buckets": buckets(RoleSeries(namespace, service, "decode"), TPOT, window_s),
     }
