@@ -285,17 +285,20 @@ class FleetSim:
     def _on_scrape(self, w: _Worker) -> None:
         if w.state not in (READY, DRAINING):
             return  # gone: its series end, as a stopped pod's do
-        engine = self.engines[w.idx]
-        kv = self.perf.kv_capacity_tokens
-        if w.role == "prefill":
-            waiting = max(0, len(w.queue) - (1 if w.busy else 0))
-            usage = w.queued_tokens / kv
-        else:
-            self._sync(w)
-            waiting, usage = len(w.queue), w.reserved / kv
-        engine.scrape(self.prometheus, self.now, float(waiting), min(usage, 1.0))
+        if w.role == "decode":
+            self._sync(w)  # its counters up to now
+        waiting, kv_tokens = self._engine_load(w)
+        usage = min(kv_tokens / self.perf.kv_capacity_tokens, 1.0)
+        self.engines[w.idx].scrape(self.prometheus, self.now, float(waiting), usage)
         if self.now + self.cfg.scrape_interval_s <= self.end:
             self._push(self.now + self.cfg.scrape_interval_s, _SCRAPE, w.idx)
+
+    @staticmethod
+    def _engine_load(w: _Worker) -> tuple[int, int]:
+        """(requests waiting, KV tokens in use) as the worker's engine reports them."""
+        if w.role == "prefill":
+            return max(0, len(w.queue) - (1 if w.busy else 0)), w.queued_tokens
+        return len(w.queue), w.reserved
 
     def _admit_pending(self) -> None:
         """Pending workers get GPUs in creation order as the cluster frees them."""
@@ -513,12 +516,13 @@ class FleetSim:
         gen = self.m_gen.total() / span
         pre = [w for w in self.live if w.role == "prefill" and w.state in (READY, DRAINING)]
         dec = [w for w in self.live if w.role == "decode" and w.state in (READY, DRAINING)]
-        p_wait = sum(max(0, len(w.queue) - (1 if w.busy else 0)) for w in pre)
-        p_wait += len(self.router_wait["prefill"])
-        d_wait = sum(len(w.queue) for w in dec)
+        p_load = [self._engine_load(w) for w in pre]
+        d_load = [self._engine_load(w) for w in dec]
+        p_wait = sum(waiting for waiting, _ in p_load) + len(self.router_wait["prefill"])
+        d_wait = sum(waiting for waiting, _ in d_load)
         kv = self.perf.kv_capacity_tokens
-        d_kv = sum(w.reserved for w in dec) / (kv * len(dec)) if dec else 0.0
-        p_kv = sum(w.queued_tokens for w in pre) / (kv * len(pre)) if pre else 0.0
+        d_kv = sum(tokens for _, tokens in d_load) / (kv * len(dec)) if dec else 0.0
+        p_kv = sum(tokens for _, tokens in p_load) / (kv * len(pre)) if pre else 0.0
         return MetricsWindow(
             at_s=now,
             window_s=self.cfg.metrics_window_s,
