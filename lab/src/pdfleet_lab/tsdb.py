@@ -84,6 +84,12 @@ class SimPrometheus:
                 if cut:
                     del series.times[:cut], series.values[:cut]
 
+    def series(self) -> Iterator[tuple[str, Labels, Series]]:
+        """Every series held: (metric name, labels, samples)."""
+        for name, by_labels in self._series.items():
+            for labels, series in by_labels.items():
+                yield name, labels, series
+
     def select(self, name: str, matchers: Mapping[str, str]) -> Iterator[tuple[Labels, Series]]:
         for labels, series in self._series.get(name, {}).items():
             have = dict(labels)

@@ -3,8 +3,9 @@
 Every query the operator's autoscaler sends (pdfleet.autoscale.promql) is evaluated by
 `SimPrometheus` over a fleet's scraped series, and `promtool test rules` (the real PromQL
 engine of the toolchain's Prometheus) is asked to confirm each answer on the same series at
-the same times. The series have what a real fleet's have: pods that start and stop within a
-window, a counter reset (an engine restart), a missed scrape, histograms with vLLM's buckets.
+the same times. The series are written by the benchmark's own exporter (pdfleet_lab.exporter)
+and have what a real fleet's have: pods that start and stop within a window, a counter reset
+(an engine restart), a missed scrape, histograms with vLLM's buckets.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import Any
 import yaml
 
 from pdfleet.autoscale import promql
+from pdfleet_lab.exporter import EngineMetrics
 from pdfleet_lab.tsdb import SimPrometheus
-from pdfleet_worker.sim.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from tests.integration.chart.helm import toolchain_binary
 
 SCRAPE_S = 15
@@ -27,81 +28,48 @@ STEPS = 40  # ten minutes of scrapes
 SERVICE = {"namespace": "serving", "pdfleet_service": "llama"}
 
 
-def _pods() -> list[tuple[dict[str, str], int, int]]:
-    """(labels, first scrape, last scrape) per pod: one starts late, one goes early."""
+def _pods() -> list[tuple[str, str, int, int]]:
+    """(role, pod, first scrape, last scrape) per pod: one starts late, one goes early."""
     return [
-        ({**SERVICE, "pdfleet_role": "prefill", "pod": "llama-prefill-0"}, 0, STEPS - 1),
-        ({**SERVICE, "pdfleet_role": "prefill", "pod": "llama-prefill-1"}, 17, STEPS - 1),
-        ({**SERVICE, "pdfleet_role": "decode", "pod": "llama-decode-0"}, 0, STEPS - 1),
-        ({**SERVICE, "pdfleet_role": "decode", "pod": "llama-decode-1"}, 0, 29),
+        ("prefill", "llama-prefill-0", 0, STEPS - 1),
+        ("prefill", "llama-prefill-1", 17, STEPS - 1),
+        ("decode", "llama-decode-0", 0, STEPS - 1),
+        ("decode", "llama-decode-1", 0, 29),
     ]
 
 
-def _fleet_series(rng: random.Random) -> dict[str, list[float | None]]:
-    """Series (as promtool writes them) to values per scrape; None: no sample."""
-    out: dict[str, list[float | None]] = {}
-
-    def series(name: str, labels: dict[str, str]) -> str:
-        inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-        return f"{name}{{{inner}}}"
-
-    for labels, first, last in _pods():
-        totals = {promql.PROMPT_TOKENS: 0.0, promql.GENERATION_TOKENS: 0.0, promql.REQUESTS: 0.0}
-        hist: dict[str, list[float]] = {
-            promql.TTFT: [0.0] * (len(TTFT_BUCKETS) + 1),
-            promql.ITL: [0.0] * (len(ITL_BUCKETS) + 1),
-        }
-        sums = {promql.TTFT: 0.0, promql.ITL: 0.0}
-        values: dict[str, list[float | None]] = {}
-
-        def put(
-            key: str, step: int, value: float, values: dict[str, list[float | None]] = values
-        ) -> None:
-            values.setdefault(key, [None] * STEPS)[step] = value
-
-        for step in range(first, last + 1):
-            if labels["pod"] == "llama-decode-0" and step == 20:
-                # The engine restarted: its counters and histograms start again from zero.
-                totals = dict.fromkeys(totals, 0.0)
-                hist = {k: [0.0] * len(v) for k, v in hist.items()}
-                sums = dict.fromkeys(sums, 0.0)
-            totals[promql.PROMPT_TOKENS] += rng.randint(0, 40_000)
-            totals[promql.GENERATION_TOKENS] += rng.randint(0, 3_000)
-            totals[promql.REQUESTS] += rng.randint(0, 20)
-            for name, bounds in ((promql.TTFT, TTFT_BUCKETS), (promql.ITL, ITL_BUCKETS)):
-                for _ in range(rng.randint(0, 30)):
-                    seen = rng.lognormvariate(math.log(0.2 if name == promql.TTFT else 0.03), 0.8)
-                    sums[name] += seen
-                    index = next((i for i, b in enumerate(bounds) if seen <= b), len(bounds))
-                    hist[name][index] += 1
-            if step == 33 and labels["pod"] == "llama-prefill-0":
-                continue  # a missed scrape
-            for name, total in totals.items():
-                put(series(name, labels), step, total)
-            for name, bounds in ((promql.TTFT, TTFT_BUCKETS), (promql.ITL, ITL_BUCKETS)):
-                cumulative = 0.0
-                for bound, count in zip([*bounds, math.inf], hist[name], strict=True):
-                    cumulative += count
-                    le = "+Inf" if math.isinf(bound) else repr(float(bound))
-                    put(series(f"{name}_bucket", {**labels, "le": le}), step, cumulative)
-                put(series(f"{name}_sum", labels), step, sums[name])
-                put(series(f"{name}_count", labels), step, cumulative)
-            put(series(promql.WAITING, labels), step, float(rng.randint(0, 12)))
-            put(series(promql.KV_USAGE, labels), step, rng.random())
-        out.update(values)
-    return out
-
-
-def _store(fleet: dict[str, list[float | None]]) -> SimPrometheus:
+def _fleet(rng: random.Random) -> SimPrometheus:
+    """The benchmark's exporter, scraped every SCRAPE_S into a store, as the simulator does."""
     store = SimPrometheus()
-    for text, values in fleet.items():
-        name, _, inner = text.partition("{")
-        labels = dict(item.split("=", 1) for item in inner.rstrip("}").split(","))
-        labels = {k: v.strip('"') for k, v in labels.items()}
-        for step, value in enumerate(values):
-            if value is not None:
-                store.add(name, labels, float(step * SCRAPE_S), value)
+    for role, pod, first, last in _pods():
+        engine = EngineMetrics(role, pod)
+        engine.labels.update(SERVICE)
+        for step in range(first, last + 1):
+            if pod == "llama-decode-0" and step == 20:
+                # The engine restarted: its counters and histograms start again from zero.
+                engine = EngineMetrics(role, pod)
+                engine.labels.update(SERVICE)
+            for _ in range(rng.randint(0, 20)):
+                engine.first_token(rng.lognormvariate(math.log(0.2), 0.8), rng.randint(1, 4000))
+                engine.finished(rng.lognormvariate(math.log(0.03), 0.8))
+            for _ in range(rng.randint(0, 30)):
+                engine.decoded(float(rng.randint(1, 200)), rng.lognormvariate(math.log(0.03), 0.8))
+            if step == 33 and pod == "llama-prefill-0":
+                continue  # a missed scrape
+            engine.scrape(store, float(step * SCRAPE_S), float(rng.randint(0, 12)), rng.random())
     return store
+
+
+def _input_series(store: SimPrometheus) -> list[dict[str, str]]:
+    """The store's series as promtool's input: a value per scrape, `_` where there is none."""
+    out = []
+    for name, labels, series in store.series():
+        values: list[str] = ["_"] * STEPS
+        for t, v in zip(series.times, series.values, strict=True):
+            values[round(t / SCRAPE_S)] = repr(v)
+        selector = ",".join(f'{k}="{v}"' for k, v in labels)
+        out.append({"series": f"{name}{{{selector}}}", "values": " ".join(values)})
+    return out
 
 
 def _queries() -> list[str]:
@@ -116,8 +84,7 @@ def _queries() -> list[str]:
 
 
 def test_every_autoscaler_query_answers_as_prometheus_does(tmp_path: Path) -> None:
-    fleet = _fleet_series(random.Random(7))
-    store = _store(fleet)
+    store = _fleet(random.Random(7))
     tests: list[dict[str, Any]] = []
     answered = 0
     for eval_s in (62, 240, 307, 345, 450, 500, 584):
@@ -141,10 +108,7 @@ def test_every_autoscaler_query_answers_as_prometheus_does(tmp_path: Path) -> No
                 }
             )
     assert answered > len(tests) * 0.8  # the test compares answers, not mostly empty ones
-    input_series = [
-        {"series": name, "values": " ".join("_" if v is None else repr(v) for v in values)}
-        for name, values in fleet.items()
-    ]
+    input_series = _input_series(store)
     spec = {
         "fuzzy_compare": True,
         "evaluation_interval": f"{SCRAPE_S}s",
