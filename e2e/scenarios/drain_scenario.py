@@ -137,26 +137,58 @@ def match_drains(
     events: Sequence[Any], marks: Mapping[tuple[str, str], Mapping[str, Any]],
     results: Sequence[Result],
 ) -> list[Drain]:  # fmt: skip
-    """Pair each Drained/DrainForced Event with the mark it ends (same pod, the one whose
-    start + duration is nearest the Event's time, whole seconds)."""
+    """Pair each Drained/DrainForced Event with the marks it ends.
+
+    The operator counts a repeated Event (same pod, same rounded duration) on the one
+    already posted, so an Event with count n stands for n drains: the n marks of its pod,
+    not yet paired, whose start + duration is nearest the Event's first and last times."""
     drains = []
-    for event in events:
+    taken: set[tuple[str, str]] = set()
+    for event in sorted(events, key=_event_first):
         parsed = parse_drain_event(event.message or "")
         if parsed is None:
             continue
         pod, role, duration, forced = parsed
-        at = (event.last_timestamp or event.first_timestamp).timestamp()
-        candidates = [m for (name, _), m in marks.items() if name == pod]
-        if not candidates:
-            continue
-        mark = min(candidates, key=lambda m: abs(m["since"] + duration - (at + 0.5)))
-        drains.append(
-            Drain(
-                pod, role, mark["since"], duration, forced, mark["deregistered"],
-                holdable_s(results, mark["since"], mark["deregistered"]),
-            )
-        )  # fmt: skip
+        first, last = _event_first(event), _event_last(event)
+        free = [key for key in marks if key[0] == pod and key not in taken]
+        for key in _nearest_marks(free, marks, duration, first, last, event.count or 1):
+            taken.add(key)
+            mark = marks[key]
+            drains.append(
+                Drain(
+                    pod, role, mark["since"], duration, forced, mark["deregistered"],
+                    holdable_s(results, mark["since"], mark["deregistered"]),
+                )
+            )  # fmt: skip
     return sorted(drains, key=lambda d: d.since)
+
+
+def _event_first(event: Any) -> float:
+    return float((event.first_timestamp or event.last_timestamp).timestamp())
+
+
+def _event_last(event: Any) -> float:
+    return float((event.last_timestamp or event.first_timestamp).timestamp())
+
+
+def _nearest_marks(
+    keys: Sequence[tuple[str, str]], marks: Mapping[tuple[str, str], Mapping[str, Any]],
+    duration: float, first: float, last: float, n: int,
+) -> list[tuple[str, str]]:  # fmt: skip
+    """`n` marks for an Event seen first at `first` and last at `last` (whole seconds): the
+    one that ended nearest each of the two, then the rest of the count from between them."""
+
+    def off(key: tuple[str, str], at: float) -> float:
+        return abs(float(marks[key]["since"]) + duration - (at + 0.5))
+
+    chosen: list[tuple[str, str]] = []
+    for at in (first, last)[: min(n, 2)]:
+        left = [k for k in keys if k not in chosen]
+        if left:
+            chosen.append(min(left, key=lambda k: off(k, at)))
+    inside = [k for k in keys if first - 1 <= marks[k]["since"] + duration <= last + 2]
+    between = sorted((k for k in inside if k not in chosen), key=lambda k: marks[k]["since"])
+    return chosen + between[: max(n - 2, 0)]
 
 
 # ----- counters on the simulators and the router ------------------------------------------------
