@@ -10,8 +10,8 @@ semantics (left-open range windows, `rate()` extrapolated to the window's edges,
 which tests/integration/prometheus holds to the real Prometheus through `promtool test rules`.
 
 Only the subset `promql.py` builds is understood: selectors with `=` matchers, `rate`,
-`avg_over_time`, `max_over_time`, `histogram_quantile`, `sum`/`avg` (optionally `by`), a
-subquery, `/` between vectors and number literals. Anything else is a `PromQLError`.
+`deriv`, `avg_over_time`, `max_over_time`, `histogram_quantile`, `sum`/`avg` (optionally
+`by`), a subquery, `/` between vectors and number literals. Anything else is a `PromQLError`.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ _TOKEN = re.compile(
     re.VERBOSE,
 )
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-FUNCTIONS = frozenset({"rate", "avg_over_time", "max_over_time", "histogram_quantile"})
+FUNCTIONS = frozenset({"rate", "deriv", "avg_over_time", "max_over_time", "histogram_quantile"})
 AGGREGATIONS = frozenset({"sum", "avg"})
 
 
@@ -325,6 +325,19 @@ def extrapolated_rate(samples: Sequence[Sample], start: float, end: float) -> fl
     return increase * factor
 
 
+def slope(samples: Sequence[Sample]) -> float | None:
+    """`deriv()` of one gauge: the least-squares slope per second through its samples. None
+    with fewer than two (Prometheus then answers no series)."""
+    if len(samples) < 2:
+        return None
+    n = len(samples)
+    mean_t = math.fsum(t for t, _ in samples) / n
+    mean_v = math.fsum(v for _, v in samples) / n
+    spread = math.fsum((t - mean_t) ** 2 for t, _ in samples)
+    moved = math.fsum((t - mean_t) * (v - mean_v) for t, v in samples)
+    return moved / spread if spread > 0 else None
+
+
 def bucket_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float:
     """`histogram_quantile(q, ...)` of one histogram given as (upper bound, cumulative count)."""
     if math.isnan(q):
@@ -437,6 +450,12 @@ class _Evaluator:
                 if rate is not None:
                     out.append((labels, rate))
             return out
+        if node.function == "deriv":
+            return [
+                (labels, change)
+                for labels, samples in ranged
+                if (change := slope(samples)) is not None
+            ]
         over_time = _OVER_TIME[node.function]
         return [(labels, over_time([v for _, v in samples])) for labels, samples in ranged]
 

@@ -297,6 +297,15 @@ def peaky(prompt: float, peak: float, ttft: float = 0.2) -> RoleMetrics:
     )
 
 
+def queue(served: float, growth: float, ttft: float, rate: float = 27.0) -> RoleMetrics:
+    """A prefill window whose waiting queue grew by `growth` requests/s."""
+    return replace(
+        role(prompt=served, ttft=ttft, itl=math.nan, gen=0.0, rate=rate),
+        prompt_tokens_rate_peak=served,
+        waiting_growth=growth,
+    )
+
+
 @pytest.mark.parametrize(
     ("name", "prefill_metrics", "want"),
     [
@@ -308,6 +317,15 @@ def peaky(prompt: float, peak: float, ttft: float = 0.2) -> RoleMetrics:
         # start-up (120 s) and is worked off in another 120 s: (80k + 20k) / 27k -> 4
         ("backlog while violating", peaky(50_000, 80_000, ttft=3.0), 4),
         ("same load, not violating", peaky(50_000, 80_000), 3),
+        # saturated: two replicas serve 54k (the violation cuts the estimate to 23k each)
+        # while the queue grows 10 requests/s of 2,000 tokens: 74k arrive, and the excess
+        # over the ready two accrues for a start-up: (74k + 28k) / 20.7k -> 5 (on the 54k
+        # served, 4)
+        ("saturated: what arrives, not what is served", queue(54_000, 10.0, ttft=3.0), 5),
+        # two replicas work a backlog off at 54k while the queue shrinks 13.5 requests/s:
+        # 27k arrive, and the TTFT over target is the backlog's: the pool holds (on the
+        # 54k served, and one more than ready for the TTFT, 4)
+        ("working off a backlog", queue(54_000, -13.5, ttft=3.0), 2),
     ],
 )
 def test_prefill_burst_and_backlog(name: str, prefill_metrics: RoleMetrics, want: int) -> None:

@@ -88,6 +88,7 @@ def test_role_queries_cover_role_metrics_fields() -> None:
         "num_requests_waiting",
         "kv_cache_usage",
         "prompt_tokens_rate_peak",
+        "waiting_growth",
     }
 
 
@@ -140,6 +141,14 @@ def test_parse_scalar(name: str, answer: list[dict[str, Any]], want: float) -> N
     assert (math.isnan(got) and math.isnan(want)) or got == want, name
 
 
+def test_only_a_queue_growth_may_be_negative() -> None:
+    answer = [{"metric": {}, "value": [1.0, "-0.5"]}]
+    assert math.isnan(parse_scalar(answer))  # a negative rate or latency is a broken source
+    assert parse_sample(answer, signed=True) == (-0.5, 1.0)
+    assert set(promql.role_queries(T, 95, 60)) >= promql.SIGNED
+    assert "deriv(vllm:num_requests_waiting{" in promql.role_queries(T, 95, 60)["waiting_growth"]
+
+
 def test_role_without_rates_is_missing() -> None:
     assert to_role_metrics({"ttft_s": 0.1}) is None
 
@@ -160,7 +169,7 @@ def test_source_builds_window() -> None:
     fake = _Fake()
     w = PrometheusSource("http://prom", client=fake).window("serving", "llama-8b", 10.0, 95, 60)
     assert w.prefill is not None and w.prefill.prompt_tokens_rate == 2.0
-    assert len(fake.queries) == 18  # 8 per role, one SLO histogram per role
+    assert len(fake.queries) == 20  # 9 per role, one SLO histogram per role
     assert w.ttft_buckets == () and w.tpot_buckets == ()  # answers without `le`
 
 

@@ -12,7 +12,14 @@ import pytest
 
 from pdfleet.autoscale import promql
 from pdfleet.autoscale.metrics import PrometheusSource
-from pdfleet_lab.tsdb import PromQLError, SimPrometheus, bucket_quantile, extrapolated_rate, parse
+from pdfleet_lab.tsdb import (
+    PromQLError,
+    SimPrometheus,
+    bucket_quantile,
+    extrapolated_rate,
+    parse,
+    slope,
+)
 
 TARGET = promql.RoleSeries("ns", "svc", "prefill")
 
@@ -52,6 +59,13 @@ def test_rate_extrapolates_to_the_window_edges_but_not_below_zero() -> None:
         25 * 60 / 45 / 60
     )
     assert extrapolated_rate([(60, 5)], 0, 60) is None
+
+
+def test_deriv_is_the_least_squares_slope() -> None:
+    assert slope([(0, 4), (15, 4), (30, 4)]) == 0.0
+    assert slope([(0, 0), (15, 30), (30, 30), (45, 60)]) == pytest.approx(1.2)
+    assert slope([(0, 20), (15, 5)]) == pytest.approx(-1.0)  # a queue worked off
+    assert slope([(60, 5)]) is None
 
 
 def test_quantile_interpolates_inside_the_bucket() -> None:

@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 from pdfleet.autoscale.attainment import Buckets
 from pdfleet.autoscale.policy import MetricsWindow, RoleMetrics
-from pdfleet.autoscale.promql import RoleSeries, role_queries, slo_bucket_queries
+from pdfleet.autoscale.promql import SIGNED, RoleSeries, role_queries, slo_bucket_queries
 
 T = TypeVar("T")
 
@@ -35,13 +35,13 @@ Sample = tuple[float, float]
 """(value, evaluation time in Unix seconds) of a one-sample answer."""
 
 
-def parse_sample(result: object) -> Sample | None:
+def parse_sample(result: object, signed: bool = False) -> Sample | None:
     """The sample of a one-sample instant-vector answer; None when there is none ("no data").
 
     A `sum(...)` over no series answers an empty vector: that is "no data", not zero. Every
-    signal read here (rates, latencies, queue lengths, cache usage) is finite and never
-    negative, so a value that is not is a broken source: NaN, on which the policy holds. The
-    time is NaN when unreadable.
+    signal read here is finite, and all but the `signed` ones (`promql.SIGNED`: how fast a
+    queue grows) are never negative, so a value that is not is a broken source: NaN, on
+    which the policy holds. The time is NaN when unreadable.
     """
     if not isinstance(result, list) or len(result) != 1:
         return None
@@ -50,7 +50,11 @@ def parse_sample(result: object) -> Sample | None:
         raw = pair[1]
     except (KeyError, IndexError, TypeError):
         return None
-    return _finite_or_nan(raw, positive=True), _finite_or_nan(pair[0], positive=False)
+    return _finite_or_nan(raw, positive=not signed), _finite_or_nan(pair[0], positive=False)
+
+
+def parse_signed_sample(result: object) -> Sample | None:
+    return parse_sample(result, signed=True)
 
 
 def _finite_or_nan(raw: object, positive: bool) -> float:
@@ -108,6 +112,7 @@ def to_role_metrics(values: Mapping[str, float | None]) -> RoleMetrics | None:
         num_requests_waiting=get("num_requests_waiting"),
         kv_cache_usage=get("kv_cache_usage"),
         prompt_tokens_rate_peak=get("prompt_tokens_rate_peak"),
+        waiting_growth=get("waiting_growth"),
     )
 
 
@@ -164,7 +169,9 @@ class PrometheusSource:
         clock stopped or a cache in front of it, makes the window stale."""
         failed: list[Exception] = []
         sampled = {
-            (role, k): self._queries.submit(self._query, q, failed, parse_sample)
+            (role, k): self._queries.submit(
+                self._query, q, failed, parse_signed_sample if k in SIGNED else parse_sample
+            )
             for role in ("prefill", "decode")
             for k, q in role_queries(
                 RoleSeries(namespace, service, role), percentile, window_s

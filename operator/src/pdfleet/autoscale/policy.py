@@ -20,7 +20,8 @@ has the details and the reasons:
    under target, prefill not below what the busiest recent burst needs (a decayed maximum,
    applied after stabilization so that it decays with its own half-life).
 6. Feedback: a violating role never shrinks and gets at least one more replica than it has
-   ready (replicas still starting count as that one); Pending pods are never capacity.
+   ready (replicas still starting count as that one), unless its queue is shrinking (a
+   backlog being worked off); Pending pods are never capacity.
 7. Stabilize like the HPA, and never reverse a role's direction inside the scale-down
    stabilization window (a role that grew does not shrink; one that shrank grows back only
    on a violated target); bound each step. A role does not shrink while its demand is
@@ -158,6 +159,10 @@ class RoleMetrics:
     # subquery (docs/autoscaling.md); NaN when the source does not provide it, and the
     # policy then sizes prefill on the window mean.
     prompt_tokens_rate_peak: float = math.nan
+    # How fast the role's queue of waiting requests grew over the window (requests/s, negative
+    # while it shrinks), from a PromQL `deriv`; NaN when unknown. Served rates stop at what
+    # the ready replicas process, so arrivals are what is served plus what queued up.
+    waiting_growth: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -245,6 +250,9 @@ class _RoleView:
     waiting: float
     mean_prompt: float
     peak: float  # sizing load: the short-interval peak for prefill, else the mean
+    # The queue shrank over the window: the latency over target is that of a backlog being
+    # worked off (the window's quantile lags it), not of the load now.
+    catching_up: bool = False
 
 
 def _finite(*values: float) -> bool:
@@ -294,17 +302,27 @@ def _views(
     mean_prompt = p.prompt_tokens_rate / p.request_rate if p.request_rate > 0 else 0.0
     # Prefill TTFT is set by the bursts a batching engine has to absorb, which a window mean
     # hides; the peak short-interval rate is what the pool must carry.
-    peak = p.prompt_tokens_rate_peak
-    peak = max(peak, p.prompt_tokens_rate) if _finite(peak) else p.prompt_tokens_rate
+    served_peak = p.prompt_tokens_rate_peak
+    if _finite(served_peak):
+        served_peak = max(served_peak, p.prompt_tokens_rate)
+    else:
+        served_peak = p.prompt_tokens_rate
+    # What arrives, not what is served: a saturated pool serves its capacity while the queue
+    # grows by the rest, and a pool working off a backlog serves more than arrives. The
+    # capacity models learn from what was served (`x`), the sizing uses what arrives.
+    queued = p.waiting_growth * mean_prompt if _finite(p.waiting_growth) else 0.0
+    arriving = max(0.0, p.prompt_tokens_rate + queued)
     return {
         "prefill": _RoleView(
-            demand=p.prompt_tokens_rate,
+            demand=arriving,
             latency=p.ttft_s if _finite(p.ttft_s) else 0.0,
             target=ttft_budget,
-            x=peak / max(fleet["prefill"].ready, 1),
+            x=served_peak / max(fleet["prefill"].ready, 1),
             waiting=p.num_requests_waiting,
             mean_prompt=mean_prompt,
-            peak=peak,
+            # while a backlog is worked off the served peak is the pool's speed, not a burst
+            peak=arriving if queued < 0 else max(served_peak + queued, arriving),
+            catching_up=queued < 0,
         ),
         "decode": _RoleView(
             demand=d.generation_tokens_rate,
@@ -406,25 +424,27 @@ def forecast(
     """Load the pool must carry once a replica started now is ready.
 
     The sizing load (prefill: the burst peak) plus the upward trend over start-up and one
-    interval; for prefill also the backlog: the prompts queued now plus what a sustained
-    excess adds until a replica started now is ready (over the ready replicas until those
-    already starting are ready, then over all of them), worked off within `backlog_drain_s`.
+    interval; for prefill also the backlog a replica started now would find when ready (the
+    prompts queued now, plus what a sustained excess adds or spare capacity works off over
+    the ready replicas until those already starting are ready, then over all of them),
+    worked off within `backlog_drain_s`.
     """
     lookahead = config.startup_s + config.interval_s
     # a trend is extrapolated, so it may add at most _MAX_TREND of the load (a cold start's
     # ramp would otherwise double the forecast)
     load = view.peak + min(slope * lookahead, _MAX_TREND * view.peak)
     if role == "prefill" and view.mean_prompt > 0:
-        # the excess grows the backlog until new replicas are ready; while the target is
-        # broken the peak is taken as sustained (the mean lags a step by a whole window)
+        # while the target is broken the peak is taken as sustained (the mean lags a step by
+        # a whole window)
         arriving = view.peak if view.latency > view.target else view.demand
-        backlog = view.waiting * view.mean_prompt
-        # replicas already starting take their share once they are ready: counting only the
-        # ready ones for the whole start-up asked for a second round of the same replicas
+        # the backlog a replica started now finds when it is ready: the prompts queued now,
+        # plus the excess over the ready replicas until those already starting are ready,
+        # then over all of them (negative: the backlog is being worked off)
         early = min(coming.ready_in_s, config.startup_s)
-        backlog += max(0.0, arriving - ready * capacity) * early
-        late = max(0.0, arriving - (ready + coming.replicas) * capacity)
-        backlog += late * (config.startup_s - early)
+        backlog = view.waiting * view.mean_prompt
+        backlog = max(0.0, backlog + (arriving - ready * capacity) * early)
+        late = arriving - (ready + coming.replicas) * capacity
+        backlog = max(0.0, backlog + late * (config.startup_s - early))
         load += backlog / config.backlog_drain_s
     return load
 
@@ -439,11 +459,15 @@ def recommend(
     config: PolicyConfig,
     down_limit: float | None = None,
     coming: Starting = Starting(),
+    settled: bool = True,
 ) -> tuple[int, str]:
     """Raw replica recommendation for one role, before stabilization, and why.
 
     A smaller pool must stay under the scale-down margin of the planned load per replica,
-    or under `down_limit`, a load per replica that evidence says holds the target.
+    or under `down_limit`, a load per replica that evidence says holds the target. A
+    violation asks for one more replica than are ready only when the ready count held
+    through the window (`settled`) and the queue is not shrinking: else the latency is that
+    of a pool that has changed since, or of a backlog already being worked off.
     """
     violating = view.latency > view.target
     if capacity is None:
@@ -469,7 +493,13 @@ def recommend(
         f"{role}: load {view.peak:.0f}/s (mean {view.demand:.0f}, forecast {load:.0f}), "
         f"capacity {capacity:.0f}/s per replica -> {n}"
     )
-    if violating:
+    if violating and (view.catching_up or not settled):
+        # the forecast sizes how fast the backlog goes: no shrinking, and no extra replica
+        # for a latency that is already on its way down
+        n = max(n, current)
+        state = "its queue shrinking" if view.catching_up else "ready replicas just changed"
+        why += f"; latency {view.latency:.3f}s over target, {state}"
+    elif violating:
         n = max(n, current, ready + 1)
         why += f"; latency {view.latency:.3f}s over target {view.target:.3f}s"
     return n, why
@@ -769,9 +799,11 @@ def decide(
         slope = _trend(r, views[r].demand, now_s, config, history)
         limits[r] = limit = _down_limit(r, learned, caps[r], views[r].target, config)
         coming = starting(r, fleet[r], now_s, config, history)
+        settled = _stable_ready(r, fleet[r].ready, now_s, metrics.window_s, history)
         n, why = recommend(
-            r, views[r], caps[r], fleet[r].current, fleet[r].ready, slope, config, limit, coming
-        )
+            r, views[r], caps[r], fleet[r].current, fleet[r].ready, slope, config, limit,
+            coming, settled,
+        )  # fmt: skip
         if (
             r == "decode"
             and n > fleet[r].current

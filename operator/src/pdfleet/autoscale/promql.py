@@ -76,6 +76,12 @@ def gauge_mean(target: RoleSeries, gauge: str, window_s: float) -> str:
     return f"avg(avg_over_time({target.selector(gauge)}[{duration(window_s)}]))"
 
 
+def growth(target: RoleSeries, gauge: str, window_s: float) -> str:
+    """How fast a gauge moves per second over the window, summed over the role's pods: a
+    least-squares slope (`deriv`), so one noisy scrape does not read as a trend. Signed."""
+    return f"sum(deriv({target.selector(gauge)}[{duration(window_s)}]))"
+
+
 def mean(target: RoleSeries, histogram: str, window_s: float) -> str:
     """The exact mean of a histogram's observations in the window (sum over count)."""
     w = duration(window_s)
@@ -101,6 +107,11 @@ def peak_rate(
     return f"max_over_time({inner}[{duration(window_s)}:5s])"
 
 
+# Fields of `role_queries` that may be negative (a queue that shrinks); every other signal
+# is a rate, latency, length or share, never below zero.
+SIGNED = frozenset({"waiting_growth"})
+
+
 def role_queries(target: RoleSeries, percentile: float, window_s: float) -> dict[str, str]:
     """Every query one role needs, keyed by the `policy.RoleMetrics` field it fills.
 
@@ -116,6 +127,7 @@ def role_queries(target: RoleSeries, percentile: float, window_s: float) -> dict
         "prompt_tokens_rate": rate(target, PROMPT_TOKENS, window_s),
         "generation_tokens_rate": rate(target, GENERATION_TOKENS, window_s),
         "num_requests_waiting": gauge_sum(target, WAITING, window_s),
+        "waiting_growth": growth(target, WAITING, window_s),
         "kv_cache_usage": gauge_mean(target, KV_USAGE, window_s),
     }
 
