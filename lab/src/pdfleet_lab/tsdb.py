@@ -11,7 +11,8 @@ which tests/integration/prometheus holds to the real Prometheus through `promtoo
 
 Only the subset `promql.py` builds is understood: selectors with `=` matchers, `rate`,
 `deriv`, `avg_over_time`, `max_over_time`, `histogram_quantile`, `sum`/`avg` (optionally
-`by`), a subquery, `/` between vectors and number literals. Anything else is a `PromQLError`.
+`by`), a subquery, `+ - * /` between vectors and number literals. Anything else is a
+`PromQLError`.
 """
 
 from __future__ import annotations
@@ -150,12 +151,15 @@ class Aggregate:
 
 
 @dataclass(frozen=True)
-class Divide:
+class Binary:
+    """`left op right` between instant vectors, matched on identical labels."""
+
+    op: str  # + - * /
     left: Node
     right: Node
 
 
-Node = Selector | Ranged | Subquery | Call | Aggregate | Divide | float
+Node = Selector | Ranged | Subquery | Call | Aggregate | Binary | float
 
 _TOKEN = re.compile(
     r"""\s*(?:
@@ -163,13 +167,14 @@ _TOKEN = re.compile(
     |(?P<duration>\d+(?:ms|s|m|h|d))
     |(?P<number>\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+)
     |(?P<ident>[A-Za-z_][A-Za-z0-9_:]*)
-    |(?P<punct>[{}()\[\],=/:])
+    |(?P<punct>[{}()\[\],=/:+*-])
     )""",
     re.VERBOSE,
 )
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 FUNCTIONS = frozenset({"rate", "deriv", "avg_over_time", "max_over_time", "histogram_quantile"})
 AGGREGATIONS = frozenset({"sum", "avg"})
+_PRECEDENCE = (("+", "-"), ("*", "/"))  # loosest first
 
 
 def _tokens(query: str) -> list[tuple[str, str]]:
@@ -208,11 +213,14 @@ class _Parser:
         self.pos += 1
         return token
 
-    def expression(self) -> Node:
-        node = self.postfix()
-        while self.peek() == ("punct", "/"):
-            self.take("/")
-            node = Divide(node, self.postfix())
+    def expression(self, level: int = 0) -> Node:
+        """Binary operators left to right, tighter levels first (`* /` before `+ -`)."""
+        if level == len(_PRECEDENCE):
+            return self.postfix()
+        node = self.expression(level + 1)
+        while self.peek()[0] == "punct" and self.peek()[1] in _PRECEDENCE[level]:
+            op = self.take()
+            node = Binary(op, node, self.expression(level + 1))
         return node
 
     def postfix(self) -> Node:
@@ -376,7 +384,8 @@ def bucket_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float:
 
 _OVER_TIME: dict[str, Callable[[list[float]], float]] = {
     "avg_over_time": lambda values: math.fsum(values) / len(values),
-    "max_over_time": max,
+    # NaN samples count only when all are NaN
+    "max_over_time": lambda values: max((v for v in values if not math.isnan(v)), default=math.nan),
 }
 
 
@@ -404,7 +413,7 @@ class _Evaluator:
             return self._call(node)
         if isinstance(node, Aggregate):
             return self._aggregate(node)
-        return self._divide(node)
+        return self._binary(node)
 
     def _range(self, node: Node) -> RangeVector:
         value = self.eval(node)
@@ -468,22 +477,30 @@ class _Evaluator:
             return [(labels, math.fsum(values)) for labels, values in groups.items()]
         return [(labels, math.fsum(values) / len(values)) for labels, values in groups.items()]
 
-    def _divide(self, node: Divide) -> InstantVector:
+    def _binary(self, node: Binary) -> InstantVector:
+        if isinstance(node.right, float):  # a number applies to every sample
+            return [(k, _arithmetic(node.op, v, node.right)) for k, v in self.instant(node.left)]
+        if isinstance(node.left, float):
+            return [(k, _arithmetic(node.op, node.left, v)) for k, v in self.instant(node.right)]
         right = dict(self.instant(node.right))
-        out = []
-        for labels, v in self.instant(node.left):
-            if labels in right:
-                divisor = right[labels]
-                if divisor == 0:
-                    out.append(
-                        (
-                            labels,
-                            math.nan if v == 0 or math.isnan(v) else math.copysign(math.inf, v),
-                        )
-                    )
-                else:
-                    out.append((labels, v / divisor))
-        return out
+        return [
+            (labels, _arithmetic(node.op, v, right[labels]))
+            for labels, v in self.instant(node.left)
+            if labels in right
+        ]
+
+
+def _arithmetic(op: str, a: float, b: float) -> float:
+    """IEEE arithmetic as Go does it: x/0 is an infinity of x's sign, 0/0 NaN."""
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    if b == 0:
+        return math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a)
+    return a / b
 
 
 def _range_of(node: Node) -> float:

@@ -297,12 +297,15 @@ def peaky(prompt: float, peak: float, ttft: float = 0.2) -> RoleMetrics:
     )
 
 
-def queue(served: float, growth: float, ttft: float, rate: float = 27.0) -> RoleMetrics:
+def queue(
+    served: float, growth: float, ttft: float, rate: float = 27.0, arrivals_peak: float = math.nan
+) -> RoleMetrics:
     """A prefill window whose waiting queue grew by `growth` requests/s."""
     return replace(
         role(prompt=served, ttft=ttft, itl=math.nan, gen=0.0, rate=rate),
         prompt_tokens_rate_peak=served,
         waiting_growth=growth,
+        prompt_arrivals_peak=arrivals_peak,
     )
 
 
@@ -326,6 +329,18 @@ def queue(served: float, growth: float, ttft: float, rate: float = 27.0) -> Role
         # 27k arrive, and the TTFT over target is the backlog's: the pool holds (on the
         # 54k served, and one more than ready for the TTFT, 4)
         ("working off a backlog", queue(54_000, -13.5, ttft=3.0), 2),
+        # the source's aligned peak of arrivals: a 60k burst inside a 40k window (served
+        # 40k at the peak too, the queue took the rest) sizes for 60k / 27k -> 3
+        ("arrivals peak from the source", queue(40_000, 0.0, ttft=0.3, arrivals_peak=60_000), 3),
+        # after a backlog: the queue is flat over the window, and the served peak (the
+        # pool's speed) is not an arrival; the source's peak of arrivals is 40k -> 2
+        (
+            "served peak of a backlog",
+            replace(
+                queue(40_000, 0.0, ttft=0.3, arrivals_peak=40_000), prompt_tokens_rate_peak=90_000
+            ),
+            2,
+        ),
     ],
 )
 def test_prefill_burst_and_backlog(name: str, prefill_metrics: RoleMetrics, want: int) -> None:

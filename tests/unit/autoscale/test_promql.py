@@ -89,6 +89,7 @@ def test_role_queries_cover_role_metrics_fields() -> None:
         "kv_cache_usage",
         "prompt_tokens_rate_peak",
         "waiting_growth",
+        "prompt_arrivals_peak",
     }
 
 
@@ -169,7 +170,7 @@ def test_source_builds_window() -> None:
     fake = _Fake()
     w = PrometheusSource("http://prom", client=fake).window("serving", "llama-8b", 10.0, 95, 60)
     assert w.prefill is not None and w.prefill.prompt_tokens_rate == 2.0
-    assert len(fake.queries) == 20  # 9 per role, one SLO histogram per role
+    assert len(fake.queries) == 22  # 10 per role, one SLO histogram per role
     assert w.ttft_buckets == () and w.tpot_buckets == ()  # answers without `le`
 
 

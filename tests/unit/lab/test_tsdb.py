@@ -68,6 +68,26 @@ def test_deriv_is_the_least_squares_slope() -> None:
     assert slope([(60, 5)]) is None
 
 
+def test_arithmetic_binds_products_before_sums() -> None:
+    store = SimPrometheus()
+    for t, served, queue in ((0, 0, 10), (15, 300, 40), (30, 600, 70)):
+        store.add("p", {}, t, served)
+        store.add("w", {}, t, queue)
+    store.now = 30.0
+    # 20/s served, the queue grows 2/s, 10 tokens each: 40 arriving
+    answer = store.custom_query("sum(rate(p[30s])) + sum(deriv(w[30s])) * 100 / 10")
+    assert float(answer[0]["value"][1]) == pytest.approx(40.0)
+    assert float(store.custom_query("sum(rate(p[30s])) - 5")[0]["value"][1]) == pytest.approx(15)
+
+
+def test_max_over_time_skips_nan_unless_all_are() -> None:
+    store = SimPrometheus()
+    for t, v in ((0, math.nan), (15, 3.0), (30, math.nan)):
+        store.add("g", {}, t, v)
+    store.now = 30.0
+    assert float(store.custom_query("max_over_time(g[45s])")[0]["value"][1]) == 3.0
+
+
 def test_quantile_interpolates_inside_the_bucket() -> None:
     buckets = [(0.1, 10.0), (0.5, 30.0), (math.inf, 40.0)]
     assert bucket_quantile(0.5, buckets) == pytest.approx(0.1 + 0.4 * (10 / 20))

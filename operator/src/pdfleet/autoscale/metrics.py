@@ -113,6 +113,7 @@ def to_role_metrics(values: Mapping[str, float | None]) -> RoleMetrics | None:
         kv_cache_usage=get("kv_cache_usage"),
         prompt_tokens_rate_peak=get("prompt_tokens_rate_peak"),
         waiting_growth=get("waiting_growth"),
+        prompt_arrivals_peak=get("prompt_arrivals_peak"),
     )
 
 

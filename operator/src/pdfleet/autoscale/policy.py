@@ -163,6 +163,9 @@ class RoleMetrics:
     # while it shrinks), from a PromQL `deriv`; NaN when unknown. Served rates stop at what
     # the ready replicas process, so arrivals are what is served plus what queued up.
     waiting_growth: float = math.nan
+    # The highest short-interval rate of prompt tokens arriving (served + queue growth over
+    # the same interval, `promql.peak_arrivals`); NaN when unknown.
+    prompt_arrivals_peak: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -312,6 +315,12 @@ def _views(
     # capacity models learn from what was served (`x`), the sizing uses what arrives.
     queued = p.waiting_growth * mean_prompt if _finite(p.waiting_growth) else 0.0
     arriving = max(0.0, p.prompt_tokens_rate + queued)
+    if _finite(p.prompt_arrivals_peak):
+        peak = p.prompt_arrivals_peak
+    else:
+        # a source without the aligned peak: the window's queue growth corrects the served
+        # peak, and while a backlog is worked off the served peak is the pool's speed
+        peak = arriving if queued < 0 else served_peak + queued
     return {
         "prefill": _RoleView(
             demand=arriving,
@@ -320,8 +329,7 @@ def _views(
             x=served_peak / max(fleet["prefill"].ready, 1),
             waiting=p.num_requests_waiting,
             mean_prompt=mean_prompt,
-            # while a backlog is worked off the served peak is the pool's speed, not a burst
-            peak=arriving if queued < 0 else max(served_peak + queued, arriving),
+            peak=max(peak, arriving),
             catching_up=queued < 0,
         ),
         "decode": _RoleView(

@@ -112,6 +112,21 @@ def peak_rate(
 SIGNED = frozenset({"waiting_growth"})
 
 
+def peak_arrivals(target: RoleSeries, window_s: float, short_s: float = PEAK_RATE_S) -> str:
+    """The highest `short_s` rate of prompt tokens *arriving* within the window, sampled
+    every 5 s: the served rate plus how fast the queue grew over the same interval, in
+    tokens (requests x the window's mean prompt). A saturated pool serves its capacity while
+    its queue takes the rest; one working off a backlog serves faster than prompts arrive."""
+    short, w = duration(short_s), duration(window_s)
+    served = f"sum(rate({target.selector(PROMPT_TOKENS)}[{short}]))"
+    queued = f"sum(deriv({target.selector(WAITING)}[{short}]))"
+    mean_prompt = (
+        f"sum(rate({target.selector(PROMPT_TOKENS)}[{w}]))"
+        f" / sum(rate({target.selector(REQUESTS)}[{w}]))"
+    )
+    return f"max_over_time(({served} + {queued} * {mean_prompt})[{w}:5s])"
+
+
 def role_queries(target: RoleSeries, percentile: float, window_s: float) -> dict[str, str]:
     """Every query one role needs, keyed by the `policy.RoleMetrics` field it fills.
 
@@ -128,6 +143,7 @@ def role_queries(target: RoleSeries, percentile: float, window_s: float) -> dict
         "generation_tokens_rate": rate(target, GENERATION_TOKENS, window_s),
         "num_requests_waiting": gauge_sum(target, WAITING, window_s),
         "waiting_growth": growth(target, WAITING, window_s),
+        "prompt_arrivals_peak": peak_arrivals(target, window_s),
         "kv_cache_usage": gauge_mean(target, KV_USAGE, window_s),
     }
 
