@@ -561,3 +561,15 @@ def test_prefill_without_prior_shrinks_only_to_what_has_held() -> None:
     history = _run_windows(cfg, windows, (4, 1))
     assert min(h.recommended_prefill for h in history) == 2, [h.reasons for h in history]
     assert history[-1].prefill == 2
+
+
+@pytest.mark.parametrize("prior", [30_000.0, None])
+def test_a_tenfold_step_is_sized_on_what_arrives(prior: float | None) -> None:
+    # One prefill replica carried 10k; now 100k arrive. It serves its 30k while its queue
+    # grows 35 requests/s of 2,000 tokens: the plan is for 100k plus the backlog a start-up
+    # adds (8 replicas), not for the 30k served, taken as fast as the step limit allows.
+    cfg = replace(CFG, prefill_capacity_prior=prior)
+    step = queue(30_000, 35.0, ttft=5.0, rate=15.0, arrivals_peak=100_000)
+    d = decide(cfg, NOW, rr(1), rr(1), window(step))
+    assert d.recommended_prefill == 8, d.reasons
+    assert d.prefill == 1 + CFG.max_scale_up_step
