@@ -442,7 +442,10 @@ def _demanding(at: float, p: int, prompt: float) -> Decision:
     ],
 )
 def test_no_scale_down_while_demand_rises(name: str, before: float, now: float, want: int) -> None:
-    history = (_demanding(NOW - 400, 4, before), _demanding(NOW - 60, 4, before))
+    # 20k per replica has held: three replicas carry 40k with evidence
+    last = _demanding(NOW - 60, 4, before)
+    held = replace(last.capacity, prefill_bracket=replace(last.capacity.prefill_bracket, held=20e3))
+    history = (_demanding(NOW - 400, 4, before), replace(last, capacity=held))
     d = decide(CFG, NOW, rr(4), rr(1), window(peaky(now, now)), history)
     assert d.prefill == want, (name, d.reasons)
     assert ("prefill: demand rising, not shrinking" in d.reasons) == (want == 4), d.reasons
@@ -549,18 +552,32 @@ def test_prefill_without_prior_grows_on_violation_then_sizes_on_the_bracket() ->
 
 
 def test_prefill_without_prior_shrinks_only_to_what_has_held() -> None:
-    # four replicas, each seen holding 10k; at 12k in all two replicas carry it with evidence
-    # (a short burst memory, so that the 40k minute does not keep all four)
+    # four replicas, each seen holding 10k; at 14k in all two replicas carry it with evidence
+    # (each within 1.25 x what held), one would not (a short burst memory, so that the 40k
+    # minute does not keep all four)
     cfg = replace(
         NO_PRIOR,
         scale_down_stabilization_s=30,
         scale_down_period_s=15,
         burst_memory_half_life_s=15,
     )
-    windows = [role(prompt=40_000, ttft=0.1)] * 4 + [role(prompt=12_000, ttft=0.1)] * 12
+    windows = [role(prompt=40_000, ttft=0.1)] * 4 + [role(prompt=14_000, ttft=0.1)] * 12
     history = _run_windows(cfg, windows, (4, 1))
     assert min(h.recommended_prefill for h in history) == 2, [h.reasons for h in history]
     assert history[-1].prefill == 2
+
+
+def test_a_hint_alone_never_shrinks_a_pool_below_what_has_held() -> None:
+    # Two replicas at 5k prompt tokens/s in all: the hint (30k each) says one would do, but
+    # a replica has only been seen holding 2.5k; a tenfold step would meet one saturated
+    # replica. Prefill holds at two.
+    quiet = [role(prompt=5_000, ttft=0.1, rate=2.5)] * 40
+    history = _run_windows(CFG, quiet, (2, 1))
+    assert min(h.prefill for h in history) == 2, [h.reasons for h in history][-1]
+    # the same pool, once a replica has held 6k: one replica carries 5k
+    busy = [role(prompt=12_000, ttft=0.1, rate=6.0)] * 4 + quiet
+    history = _run_windows(replace(CFG, burst_memory_half_life_s=15), busy, (2, 1))
+    assert history[-1].prefill == 1, [h.reasons for h in history][-1]
 
 
 @pytest.mark.parametrize("prior", [30_000.0, None])

@@ -265,6 +265,12 @@ def observe_bracket(
     return new
 
 
+def within_reach(state: Bracket) -> float:
+    """The most load per replica the evidence alone speaks for: a little above the highest
+    seen holding the target (0.0 when nothing has held yet)."""
+    return _PROBE_REACH * state.held
+
+
 def bracket_bounded(state: Bracket, prior: float | None) -> bool:
     """True when something says where the engine saturates: a prior or a violation under load.
 

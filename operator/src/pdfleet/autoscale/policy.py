@@ -495,7 +495,8 @@ def recommend(
     if n < current:
         limit = capacity * util * config.scale_down_margin
         if down_limit is not None:
-            limit = max(limit, down_limit)
+            # prefill's is the evidence itself; decode's fit may allow more than the margin
+            limit = down_limit if role == "prefill" else max(limit, down_limit)
         n = max(n, min(current, replicas_for(load, max(limit, 1e-9))))
     why = (
         f"{role}: load {view.peak:.0f}/s (mean {view.demand:.0f}, forecast {load:.0f}), "
@@ -745,18 +746,20 @@ def _down_limit(
     burst the pool has not absorbed). Decode: where the fitted ITL curve reaches
     `scale_down_latency_fraction` of the target.
     """
-    if role == "prefill" and not cap.bracket_bounded(
-        learned.prefill_bracket, config.prefill_capacity_prior
-    ):
-        # no limit seen yet (feedback, or the rough queue fit): only the load per replica
-        # seen holding the target speaks for a smaller pool
-        return learned.prefill_bracket.held or None
+    if role == "prefill":
+        # A capacity, learned or hinted, says how far a pool may grow into a load, not that
+        # a smaller pool holds one: shrinking takes a load per replica near what has been
+        # seen holding the target (a pool shrunk on a hint alone met a tenfold step with one
+        # saturated replica). Nothing has held yet: no evidence for a smaller pool.
+        reach = cap.within_reach(learned.prefill_bracket)
+        if capacity is None or not cap.bracket_bounded(
+            learned.prefill_bracket, config.prefill_capacity_prior
+        ):
+            return reach or None
+        return min(capacity * config.utilization(role), reach)
     if capacity is None:
         return None
     planned = capacity * config.utilization(role)
-    if role == "prefill":
-        # sized on the burst peak already, and the estimate stays within reach of what held
-        return planned
     at = cap.fitted(learned.decode, config.scale_down_latency_fraction * target)
     return min(planned, at) if at is not None and at > 0 else None
 
