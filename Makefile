@@ -28,7 +28,7 @@ IMAGE_TESTS := tests/integration/image
 DEMO_ARGS ?=
 NIXL_PIN := nixl-cu12==1.5.1
 BENCH_SCALE_ARGS ?=
-BENCH_AUTOSCALE_ARGS ?= W1 W2 W3
+BENCH_AUTOSCALE_ARGS ?= W1 W2 W3 S1
 # The fault suite's full repetitions (docs/reliability.md); FAULTS_ARGS=--only router worker ...
 FAULTS_ARGS ?=
 
@@ -93,7 +93,7 @@ test-engine: test-image toolchain ## Real vLLM on the local cluster (~12 min), a
 
 test: verify test-integration test-e2e test-scenarios test-drain test-image ## Everything CI runs.
 
-bench-autoscale: $(STAMP) ## The autoscaler against baselines on the workloads (BENCH_AUTOSCALE_ARGS=W1 W2 W3).
+bench-autoscale: $(STAMP) ## The autoscaler against baselines on the workloads (BENCH_AUTOSCALE_ARGS=W1 W2 W3 S1).
 	$(PY) -m pdfleet_lab.bench $(BENCH_AUTOSCALE_ARGS) --out docs/benchmarks/autoscale
 bench-scale: $(STAMP) toolchain ## 1,000 InferenceServices on the local cluster, measured (BENCH_SCALE_ARGS=--services 100).
 	$(NETNS) $(PY) -m e2e.benchmarks.bench_scale $(BENCH_SCALE_ARGS)

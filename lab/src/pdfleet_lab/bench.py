@@ -37,10 +37,14 @@ from pdfleet_lab.baselines import (
     prefill_engine_rps,
 )
 from pdfleet_lab.sim import Controller, SimConfig, SimResult, simulate
-from pdfleet_lab.traces import Workload, load
+from pdfleet_lab.traces import Workload, load, step
 
 # SLOs of the shared workloads (../shared/traces/workloads/README.md): (TTFT s, mean ITL s).
-WORKLOAD_SLOS = {"W1": (1.0, 0.015), "W2": (0.5, 0.015), "W3": (1.0, 0.015)}
+# S1 is W1's requests in a synthetic tenfold step, with W1's SLO.
+WORKLOAD_SLOS = {"W1": (1.0, 0.015), "W2": (0.5, 0.015), "W3": (1.0, 0.015), "S1": (1.0, 0.015)}
+# The step: 4 requests/s for 20 minutes, then 40 for 20 more (two prefill replicas carry
+# it, one does not: a pool that shrank at light load meets it saturated).
+STEP = {"rate_rps": 4.0, "factor": 10.0, "at_s": 1200.0, "duration_s": 2400.0}
 ALL_RUNS = ("pdfleet", "pdfleet-learned", "threshold", "planner", "fixed", "clairvoyant")
 TARGET = 0.95
 # The planner formula sizes for the mean load with no room to queue, so it costs less and
@@ -339,6 +343,14 @@ def markdown(results: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def workload(spec: str, workloads_dir: Path, speedup: float) -> Workload:
+    """A trace file, a shared workload by its prefix (W1...), or the synthetic step (S1)."""
+    if spec == "S1":
+        sizes = load(_resolve("W1", workloads_dir))
+        return step(sizes, name="S1_step_x10", **STEP)
+    return load(_resolve(spec, workloads_dir), speedup=speedup)
+
+
 def _resolve(spec: str, workloads_dir: Path) -> Path:
     p = Path(spec)
     if p.exists():
@@ -368,8 +380,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "workloads",
         nargs="*",
-        default=["W1", "W2", "W3"],
-        help="trace files (Mooncake .jsonl[.gz] or Azure .csv) or W1/W2/W3",
+        default=["W1", "W2", "W3", "S1"],
+        help="trace files (Mooncake .jsonl[.gz] or Azure .csv), W1/W2/W3, or S1 (a tenfold "
+        "load step of W1's requests)",
     )
     ap.add_argument("--workloads-dir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("bench-autoscale"))
@@ -407,8 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for spec in args.workloads:
-        path = _resolve(spec, wdir)
-        wl = load(path, speedup=args.speedup)
+        wl = workload(spec, wdir, args.speedup)
         ttft, itl = WORKLOAD_SLOS.get(wl.name[:2], (1.0, 0.015))
         ttft = args.ttft if args.ttft is not None else ttft
         itl = args.itl if args.itl is not None else itl

@@ -7,6 +7,7 @@ Where it fits: `pdfleet_lab.bench` loads a workload file with `load()` and hands
   simulator has no prefix cache).
 - Azure LLM inference trace 2023: CSV `TIMESTAMP,ContextTokens,GeneratedTokens` with
   wall-clock timestamps; arrivals are taken relative to the first one, optionally time-compressed.
+`step()` makes a synthetic load step from a trace's request sizes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import csv
 import gzip
 import io
 import json
+import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -87,6 +89,22 @@ def parse_azure(lines: Iterable[str], name: str = "azure", speedup: float = 1.0)
         return _from_rows(name, [])
     t0 = min(r[0] for r in raw)
     return _from_rows(name, [((t - t0) / speedup, i, o) for t, i, o in raw])
+
+
+def step(
+    sizes: Workload, rate_rps: float, factor: float, at_s: float, duration_s: float,
+    name: str, seed: int = 5,
+) -> Workload:  # fmt: skip
+    """A load step: Poisson arrivals at `rate_rps` until `at_s`, `factor` times as many after,
+    until `duration_s`; each request's prompt and output lengths drawn from `sizes`."""
+    rng = random.Random(seed)
+    rows, t = [], 0.0
+    while True:
+        t += rng.expovariate(rate_rps * (factor if t >= at_s else 1.0))
+        if t >= duration_s:
+            return _from_rows(name, rows)
+        i = rng.randrange(len(sizes))
+        rows.append((t, sizes.input_tokens[i], sizes.output_tokens[i]))
 
 
 def load(path: str | Path, speedup: float = 1.0) -> Workload:

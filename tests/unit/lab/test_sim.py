@@ -48,6 +48,16 @@ def test_azure_csv(tmp_path: Path) -> None:
     assert abs(wl.arrival_s[1] - 4.314579 / 2) < 1e-6
 
 
+def test_step_draws_sizes_from_the_trace_and_multiplies_the_rate() -> None:
+    sizes = traces.Workload("w", (0.0, 1.0), (100, 300), (10, 30))
+    wl = traces.step(sizes, rate_rps=2.0, factor=10.0, at_s=500.0, duration_s=1000.0, name="s")
+    before = sum(1 for t in wl.arrival_s if t < 500.0)
+    after = len(wl) - before
+    assert 800 < before < 1200 and 8000 < after < 12000  # Poisson: about 1,000 and 10,000
+    assert set(wl.input_tokens) == {100, 300} and wl.arrival_s[-1] < 1000.0
+    assert traces.step(sizes, 2.0, 10.0, 500.0, 1000.0, "s") == wl  # seeded
+
+
 def test_light_load_meets_slo_and_counts_gpu_time() -> None:
     res = simulate(_wl(200, 0.5), CFG, fixed(1, 1), (1, 1))
     assert res.attainment(1.0, 0.015) == 1.0
