@@ -44,7 +44,7 @@ from pdfleet_lab.traces import Workload, load, step
 WORKLOAD_SLOS = {"W1": (1.0, 0.015), "W2": (0.5, 0.015), "W3": (1.0, 0.015), "S1": (1.0, 0.015)}
 # The step: 4 requests/s for 20 minutes, then 40 for 20 more (two prefill replicas carry
 # it, one does not: a pool that shrank at light load meets it saturated).
-STEP = {"rate_rps": 4.0, "factor": 10.0, "at_s": 1200.0, "duration_s": 2400.0}
+STEP_RPS, STEP_FACTOR, STEP_AT_S, STEP_END_S = 4.0, 10.0, 1200.0, 2400.0
 ALL_RUNS = ("pdfleet", "pdfleet-learned", "threshold", "planner", "fixed", "clairvoyant")
 TARGET = 0.95
 # The planner formula sizes for the mean load with no room to queue, so it costs less and
@@ -347,7 +347,7 @@ def workload(spec: str, workloads_dir: Path, speedup: float) -> Workload:
     """A trace file, a shared workload by its prefix (W1...), or the synthetic step (S1)."""
     if spec == "S1":
         sizes = load(_resolve("W1", workloads_dir))
-        return step(sizes, name="S1_step_x10", **STEP)
+        return step(sizes, STEP_RPS, STEP_FACTOR, STEP_AT_S, STEP_END_S, name="S1_step_x10")
     return load(_resolve(spec, workloads_dir), speedup=speedup)
 
 

@@ -98,7 +98,8 @@ def step(
     """A load step: Poisson arrivals at `rate_rps` until `at_s`, `factor` times as many after,
     until `duration_s`; each request's prompt and output lengths drawn from `sizes`."""
     rng = random.Random(seed)
-    rows, t = [], 0.0
+    rows: list[tuple[float, int, int]] = []
+    t = 0.0
     while True:
         t += rng.expovariate(rate_rps * (factor if t >= at_s else 1.0))
         if t >= duration_s:
