@@ -253,6 +253,7 @@ class _RoleView:
     waiting: float
     mean_prompt: float
     peak: float  # sizing load: the short-interval peak for prefill, else the mean
+    served: float = 0.0  # window mean of what the pool served (demand is what arrived)
     # The queue shrank over the window: the latency over target is that of a backlog being
     # worked off (the window's quantile lags it), not of the load now.
     catching_up: bool = False
@@ -324,6 +325,7 @@ def _views(
     return {
         "prefill": _RoleView(
             demand=arriving,
+            served=p.prompt_tokens_rate,
             latency=p.ttft_s if _finite(p.ttft_s) else 0.0,
             target=ttft_budget,
             x=served_peak / max(fleet["prefill"].ready, 1),
@@ -825,6 +827,17 @@ def decide(
             # observed latency outranks a prior (or the load just seen) that says it is full
             n = fleet[r].current
             why += "; ITL under target, no fit yet: holding"
+        if (
+            r == "prefill"
+            and n > fleet[r].current
+            and not cap.bracket_bounded(learned.prefill_bracket, config.prefill_capacity_prior)
+            and views[r].latency < 0.5 * views[r].target
+            and views[r].demand <= views[r].served
+        ):
+            # only the queue fit says it is full: a line through a few windows far under the
+            # target is an extrapolation, and nothing queues yet
+            n = fleet[r].current
+            why += "; TTFT far under target, nothing queuing: holding"
         if fleet[r].pending > 0 and n > fleet[r].current:
             # the cluster cannot place the pods asked for already; more would wait too
             n = fleet[r].current
