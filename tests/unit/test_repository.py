@@ -25,6 +25,7 @@ def test_required_top_level_layout() -> None:
         "operator",
         "crds",
         "worker-image",
+        "router-image",
         "charts",
         "e2e",
         "tests",

@@ -28,8 +28,14 @@ def test_slim_python_base_matching_requires_python() -> None:
 
 
 def test_installs_the_distribution_without_extras() -> None:
+    # Its environment is the pinned lock (tests/unit/images checks the lock against
+    # pyproject.toml), then the checkout alone with --no-deps.
     installs = re.findall(r"pip install ([^\n\\]*)", _text())
-    assert installs == ["--no-compile . "]
+    assert installs == [
+        "--no-compile --only-binary=:all: --no-deps ",
+        "--no-compile --no-deps --no-build-isolation . ",
+    ]
+    assert "-r operator/requirements.txt" in _text()
     assert "[sim]" not in _text() and "[dev]" not in _text()
 
 
