@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubernetes import config
 
@@ -33,6 +33,10 @@ from e2e.platform.bridge import OWNED_LABEL
 from e2e.platform.cluster import REPO_ROOT, Cluster, ClusterConfig, start, stop
 from e2e.platform.fleet import Sample, drive, running_fleet, slo_targets
 from e2e.platform.loadgen import OK, LoadRun, Phase, Record, summarize
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.transforms import Bbox
 
 __all__ = ["Sample", "demo_phases", "main", "render_view", "summary_text"]
 
@@ -95,15 +99,17 @@ def plot(samples: Sequence[Sample], slo_s: tuple[float, float], path: Path) -> N
 
     t = [s.t for s in samples]
     fig, (ax_load, ax_rep, ax_lat) = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
-    ax_load.plot(t, [s.rate for s in samples], color="black")
+    rates = [s.rate for s in samples]
+    ax_load.plot(t, rates, color="black")
     ax_load.set_ylabel("requests/s (wall)")
+    # Headroom above the load for the phase names (label_phases may stack them in rows).
+    ax_load.set_ylim(0, max([*rates, 0.1]) * 1.45)
     phase_starts: dict[str, float] = {}
     for s in samples:
         phase_starts.setdefault(s.phase, s.t)
-    for name, at in phase_starts.items():
+    for at in phase_starts.values():
         for ax in (ax_load, ax_rep, ax_lat):
             ax.axvline(at, color="grey", linestyle=":", linewidth=0.8)
-        ax_load.annotate(name, (at, 0), xytext=(3, 3), textcoords="offset points", fontsize=8)
     for role, color in (("prefill", "tab:blue"), ("decode", "tab:orange")):
         ax_rep.step(
             t,
@@ -133,8 +139,34 @@ def plot(samples: Sequence[Sample], slo_s: tuple[float, float], path: Path) -> N
     ax_itl.legend(loc="upper right", fontsize=8)
     fig.suptitle("pdfleet demo: the autoscaler rebalances prefill and decode under a load shift")
     fig.tight_layout()
+    label_phases(ax_load, phase_starts)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def label_phases(ax: Axes, phase_starts: dict[str, float]) -> None:
+    """Each phase's name at its start, along the top of `ax`, on the first row where it
+    overlaps no other name: a short phase would otherwise print its name over the next one's.
+    Call it once the axes' limits and the layout are final."""
+    ax.get_xlim()  # settles the shared x autoscaling before the names are measured
+    placed: list[Bbox] = []
+    for name, at in phase_starts.items():
+        for row in range(len(phase_starts)):
+            label = ax.annotate(
+                name,
+                (at, 1),
+                xycoords=("data", "axes fraction"),
+                xytext=(3, -3 - 11 * row),
+                textcoords="offset points",
+                va="top",
+                fontsize=8,
+                annotation_clip=False,
+            )
+            box = label.get_window_extent().padded(4)  # a gap of a few pixels between names
+            if not any(box.overlaps(other) for other in placed):
+                placed.append(box)
+                break
+            label.remove()
 
 
 def summary_text(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,7 @@ from e2e.platform.loadgen import (
     prompt_of,
     summarize,
 )
-from e2e.scenarios.demo import Sample, demo_phases, render_view, summary_text
+from e2e.scenarios.demo import Sample, demo_phases, label_phases, plot, render_view, summary_text
 
 
 def test_arrivals_are_poisson_within_each_phase_and_reproducible() -> None:
@@ -88,3 +89,45 @@ def test_demo_load_first_stresses_prefill_then_decode() -> None:
     prompts, outputs = phases["long prompts"], phases["long outputs"]
     assert prompts.rate * prompts.prompt_tokens > outputs.rate * outputs.prompt_tokens
     assert outputs.output_tokens > 10 * prompts.output_tokens
+
+
+def _demo_samples(speed: float) -> list[Sample]:
+    counts = {"desired": 2, "ready": 2, "draining": 0, "pending": 0}
+    samples, t = [], 0.0
+    for phase in demo_phases(speed):
+        end = t + phase.duration_s
+        while t < end:
+            rate = 0.0 if t == 0 else phase.rate
+            samples.append(Sample(t, phase.name, counts, counts, 0.3, 0.006, rate, 0, ""))
+            t += 2.0 * speed
+    return samples
+
+
+@pytest.mark.parametrize("speed", [1.0, 0.5, 0.1])
+def test_demo_plot_phase_names_are_all_shown_and_never_overlap(
+    speed: float, tmp_path: Path
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    samples = _demo_samples(speed)
+    fig, ax = plt.subplots(figsize=(10, 3))
+    ax.plot([s.t for s in samples], [s.rate for s in samples])
+    fig.tight_layout()
+    starts: dict[str, float] = {}
+    for s in samples:
+        starts.setdefault(s.phase, s.t)
+    label_phases(ax, starts)
+    fig.canvas.draw()
+    boxes = {text.get_text(): text.get_window_extent() for text in ax.texts}
+    plt.close(fig)
+    assert sorted(boxes) == sorted(p.name for p in demo_phases())
+    names = sorted(boxes)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            assert not boxes[a].overlaps(boxes[b]), (a, b)
+    # The whole plot renders with them.
+    plot(samples, (0.5, 0.007), tmp_path / "demo.png")
+    assert (tmp_path / "demo.png").stat().st_size > 10_000
