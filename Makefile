@@ -36,6 +36,10 @@ DEMO_ARGS ?=
 NIXL_PIN := nixl-cu12==1.5.1
 BENCH_SCALE_ARGS ?=
 BENCH_AUTOSCALE_ARGS ?= W1 W2 W3 S1
+# The same workloads in DynoSim, Dynamo's replay simulator, installed outside the checkout
+# (lab/dynosim/setup.sh); its timing table is built there too, on first use.
+DYNOSIM_SETUP := lab/dynosim/setup.sh
+BENCH_DYNOSIM_ARGS ?= W1 W2 W3
 # The fault suite's full repetitions (docs/reliability.md); FAULTS_ARGS=--only router worker ...
 FAULTS_ARGS ?=
 
@@ -115,6 +119,11 @@ test: verify test-integration test-e2e test-scenarios test-drain test-image ## E
 
 bench-autoscale: $(STAMP) ## The autoscaler against baselines on the workloads (BENCH_AUTOSCALE_ARGS=W1 W2 W3 S1).
 	$(PY) -m pdfleet_lab.bench $(BENCH_AUTOSCALE_ARGS) --out docs/benchmarks/autoscale
+bench-autoscale-dynosim: ## pdfleet's policy, fixed splits and the bound in DynoSim (~20 min; BENCH_DYNOSIM_ARGS=W1 W2 W3).
+	$(DYNOSIM_SETUP)
+	root=$$($(DYNOSIM_SETUP) --print-root) && RUST_LOG=warn "$$root/venv/bin/python" -m pdfleet_lab.dynosim \
+		$(BENCH_DYNOSIM_ARGS) --table "$$root/timing.npz" --work "$$root/work" \
+		--out docs/benchmarks/autoscale/dynosim
 bench-scale: $(STAMP) toolchain ## 1,000 InferenceServices on the local cluster, measured (BENCH_SCALE_ARGS=--services 100).
 	$(NETNS) $(PY) -m e2e.benchmarks.bench_scale $(BENCH_SCALE_ARGS)
 test-faults: $(STAMP) toolchain ## The fault suite: tests/e2e/faults, then the full repetitions (docs/benchmarks/faults).
@@ -124,4 +133,4 @@ test-faults: $(STAMP) toolchain ## The fault suite: tests/e2e/faults, then the f
 demo: $(STAMP) toolchain ## The demo fleet rebalancing itself under a load shift (DEMO_ARGS=--keep).
 	$(NETNS) $(PY) -m e2e.scenarios.demo $(DEMO_ARGS)
 
-.PHONY: help install toolchain engine test-image test-engine manifests lint test-unit verify test-integration test-e2e test-scenarios test-drain test-faults test demo bench-scale bench-autoscale
+.PHONY: help install toolchain engine test-image test-engine manifests lint test-unit verify test-integration test-e2e test-scenarios test-drain test-faults test demo bench-scale bench-autoscale bench-autoscale-dynosim

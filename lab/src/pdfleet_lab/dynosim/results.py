@@ -1,0 +1,125 @@
+"""Run results of the DynoSim benchmark: summaries, ratios and the Markdown table.
+
+Where it fits: `harness.py` turns each replay's answer from `runtime.run` (DynoSim's report,
+the ticker's scale events) into a row here and writes `results.md` and one JSON per workload.
+Attainment is DynoSim's goodput count (TTFT <= SLO and mean ITL (e2e - TTFT) / (output - 1)
+<= SLO, per request) over the requests of the trace; a run that failed (wall cap, DynoSim
+error) has none. Flaps are `pdfleet_lab.bench.count_flaps` over the scale events. Pure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pdfleet_lab.bench import count_flaps
+
+# Marks the answer lines of `runtime serve` on its stdout (DynoSim may print there too).
+RESULT_PREFIX = "PDFLEET-RESULT "
+PROGRESS_PREFIX = "PDFLEET-TICK "
+RUN_LABELS = {
+    "pdfleet": "pdfleet (capacity hint)",
+    "pdfleet-learned": "pdfleet (no hint)",
+}
+
+
+def attainment(report: Mapping[str, Any], requests: int) -> float:
+    """Share of the trace's requests meeting both SLOs (unfinished ones do not)."""
+    good = report.get("goodput_completed_requests")
+    if not requests or good is None:
+        return 0.0
+    return float(good) / requests
+
+
+def summarize(
+    name: str, answer: Mapping[str, Any], requests: int, flap_window_s: float
+) -> dict[str, Any]:
+    """One run as a row: a failed run keeps its error and no numbers."""
+    if "error" in answer:
+        return {"name": name, "failed": str(answer["error"]), "requests": requests}
+    report = answer["report"]
+    events = [(float(t), str(r), int(a), int(b)) for t, r, a, b in answer["scale_events"]]
+    return {
+        "name": name,
+        "requests": requests,
+        "completed": report.get("completed_requests"),
+        "attainment": attainment(report, requests),
+        "gpu_hours": float(report.get("gpu_hours") or math.nan),
+        "scale_events": len(events),
+        "flaps": count_flaps(events, flap_window_s),
+        "p95_ttft_s": float(report.get("p95_ttft_ms") or math.nan) / 1000.0,
+        "p95_itl_s": float(report.get("p95_itl_ms") or math.nan) / 1000.0,
+        "wall_s": float(answer.get("wall_s", math.nan)),
+    }
+
+
+def ratios(run: Mapping[str, Any], refs: Mapping[str, float | None]) -> dict[str, float]:
+    """GPU-hours of a run over each reference that exists (and the run's own, if it ran)."""
+    if "gpu_hours" not in run:
+        return {}
+    return {k: run["gpu_hours"] / ref for k, ref in refs.items() if ref}
+
+
+def references(result: Mapping[str, Any]) -> dict[str, float | None]:
+    return {
+        "vs_cheapest_fixed": (result.get("cheapest_fixed") or {}).get("gpu_hours"),
+        "vs_clairvoyant": (result.get("clairvoyant") or {}).get("gpu_hours"),
+    }
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None or math.isnan(x) else f"{x:.2%}"
+
+
+def _num(x: float | None, fmt: str = ".2f") -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def rows(result: Mapping[str, Any]) -> list[str]:
+    """The workload's lines of the results table."""
+    name = result["workload"]
+    out = []
+    for key, run in result["runs"].items():
+        label = RUN_LABELS.get(key, key)
+        if "failed" in run:
+            out.append(f"| {name} | {label} | failed: {run['failed']} | | | | |")
+            continue
+        ra = ratios(run, references(result))
+        out.append(
+            f"| {name} | {label} | {_pct(run['attainment'])} | {_num(run['gpu_hours'])} | "
+            f"{_num(ra.get('vs_cheapest_fixed'), '.3f')} | {_num(ra.get('vs_clairvoyant'), '.3f')} "
+            f"| {run['flaps']} ({run['scale_events']} events) |"
+        )
+    cf = result.get("cheapest_fixed")
+    if cf:
+        ra = ratios(cf, references(result))
+        out.append(
+            f"| {name} | cheapest fixed {cf['prefill']}P{cf['decode']}D | "
+            f"{_pct(cf['attainment'])} | {_num(cf['gpu_hours'])} | 1.000 | "
+            f"{_num(ra.get('vs_clairvoyant'), '.3f')} | 0 |"
+        )
+    else:
+        out.append(f"| {name} | cheapest fixed | none reached the target | | | | |")
+    cv = result.get("clairvoyant")
+    if cv:
+        ra = ratios(cv, references(result))
+        out.append(
+            f"| {name} | clairvoyant (5 min windows, no start-up) | {_pct(cv['attainment'])} | "
+            f"{_num(cv['gpu_hours'])} | {_num(ra.get('vs_cheapest_fixed'), '.3f')} | 1.000 | |"
+        )
+    return out
+
+
+HEADER = (
+    "| Workload | Run | Attainment | GPU-hours | GPU-h / cheapest fixed | GPU-h / clairvoyant "
+    "| Flaps |",
+    "|---|---|---|---|---|---|---|",
+)
+
+
+def markdown(results: Sequence[Mapping[str, Any]]) -> str:
+    lines = list(HEADER)
+    for r in results:
+        lines += rows(r)
+    return "\n".join(lines) + "\n"
