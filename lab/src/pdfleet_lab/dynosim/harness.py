@@ -214,6 +214,21 @@ def server() -> Server:
     return srv
 
 
+def policy_fingerprint() -> str:
+    """A hash of the code a policy run executes on top of DynoSim: the policy, its queries
+    and metrics source, and the lab's signal path. A policy run's answer is remembered under
+    it, so a changed policy is replayed, never answered from an older run."""
+    import pdfleet.autoscale
+    import pdfleet_lab
+
+    packages = (Path(pdfleet.autoscale.__file__).parent, Path(pdfleet_lab.__file__).parent)
+    digest = hashlib.sha256()
+    for root in packages:
+        for path in sorted(root.rglob("*.py")):
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def cached_run(work: Path, spec: dict[str, Any], cap_s: float) -> dict[str, Any]:
     """`Server.run` on this thread's server, remembered in `work` by the spec (the trace
     files there are rewritten identically), so a rerun skips finished replays."""
@@ -321,6 +336,7 @@ def bench_workload(
         "pdfleet-learned": replace(pcfg, prefill_capacity_prior=None, decode_capacity_prior=None),
     }
     flap_window = pcfg.scale_down_stabilization_s
+    code = policy_fingerprint()
 
     def policy_run(name: str) -> dict[str, Any]:
         spec = {
@@ -329,6 +345,7 @@ def bench_workload(
             "prefill": s.initial[0],
             "decode": s.initial[1],
             "policy": asdict(configs[name]),
+            "code": code,
         }
         answer = cached_run(work, spec, wall_cap(s, len(wl), policy=True))
         row = results.summarize(name, answer, len(wl), flap_window)
