@@ -16,6 +16,7 @@ from pdfleet.autoscale.capacity import (
     fitted,
     observe,
     observe_bracket,
+    violation_cap,
 )
 
 
@@ -80,8 +81,15 @@ def test_anchored_fit_needs_a_rise(
 def test_violation_cuts_estimate_boundedly() -> None:
     s = observe(RoleCapacity(), 0.0, 80.0, 2.0, 1.0, 1e9, estimate=100.0)
     assert s.ceiling == pytest.approx(40.0)
-    got = capacity(s, 1.0, 100.0)
-    assert got is not None and 80.0 <= got < 100.0
+    # the prior says 100, the violation 40: cut, at most by half
+    assert capacity(s, 1.0, 100.0) == pytest.approx(50.0)
+
+
+def test_a_violation_caps_where_the_queue_model_puts_the_target() -> None:
+    # idle 6 ms, 30 ms at 10k per replica: the line of 1/ITL through both reaches 1/15 ms
+    # at 7.5k (a proportional cut, x * target / y, would say 5k)
+    assert violation_cap(10_000, 0.030, 0.015, 0.006) == pytest.approx(7_500)
+    assert violation_cap(10_000, 0.030, 0.015, math.inf) == pytest.approx(5_000)
 
 
 def test_burst_at_low_load_is_not_a_capacity_limit() -> None:

@@ -603,3 +603,15 @@ def test_a_tenfold_step_is_sized_on_what_arrives(prior: float | None) -> None:
     d = decide(cfg, NOW, rr(1), rr(1), window(step))
     assert d.recommended_prefill == 8, d.reasons
     assert d.prefill == 1 + CFG.max_scale_up_step
+
+
+def test_decode_is_sized_on_the_requests_prefill_hands_over() -> None:
+    # Prefill hands over 100 requests/s; a decode replica slowed past its target (20 ms)
+    # finishes 30/s of 200 tokens (6k tokens/s): 20k arrive. On the 6k it serves, the
+    # violation's one more replica (2) would be all; on what arrives it is 5 (the violation
+    # halves the 10k prior).
+    prefill = role(itl=math.nan, gen=0.0, rate=100.0, prompt=60_000.0)
+    slowed = role(prompt=0.0, ttft=0.01, itl=0.020, gen=6_000.0, rate=30.0, waiting=40.0)
+    d = decide(CFG, NOW, rr(3), rr(1), window(prefill, slowed))
+    assert "decode: load 20000/s" in d.reasons[1], d.reasons
+    assert d.recommended_decode == 5, d.reasons

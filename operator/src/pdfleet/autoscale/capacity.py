@@ -21,9 +21,11 @@ estimate of it from below, which only makes the anchored line steeper (safer). T
 through that intercept and the observations then says how far the target is, within the
 same bound on extrapolation as the free fit.
 
-Feedback on violations: a window whose latency exceeded the target at load x caps the
-capacity at x*T/y. The cap relaxes with the same half-life, so one burst does not pin a pool
-forever, but a workload whose bursts break the target keeps learning a lower, safer number.
+Feedback on violations: a window whose latency y exceeded the target T at load x caps the
+capacity where the queue model puts T, the line of 1/latency through the idle latency and
+that window (x*T/y before an idle latency is known); the cap cuts the estimate at most by
+half. It relaxes with the same half-life, so one burst does not pin a pool forever, but a
+workload whose bursts break the target keeps learning a lower, safer number.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ _MIN_RELATIVE_RISE = 0.01
 _MAX_EXTRAPOLATION = 3.0
 # A violation can cut the estimate at most this much: a burst that broke the target at a
 # small average load says more about the burst than about the replica.
-_MAX_FEEDBACK_CUT = 0.9
+_MAX_FEEDBACK_CUT = 0.5
 _LOADED = 0.5  # share of the estimate above which a violation counts against capacity
 
 
@@ -110,7 +112,7 @@ def observe(
     loaded = estimate is None or x >= _LOADED * estimate
     ceiling = state.ceiling
     if y > target and loaded:
-        ceiling = min(ceiling, x * target / y)
+        ceiling = min(ceiling, violation_cap(x, y, target, min(state.floor, y)))
     best_ok = max(state.best_ok, x) if y <= target else state.best_ok
     return RoleCapacity(
         weight=state.weight + 1.0,
@@ -123,6 +125,15 @@ def observe(
         floor=min(state.floor, y),
         updated_at_s=at_s,
     )
+
+
+def violation_cap(x: float, y: float, target: float, floor: float) -> float:
+    """The load per replica at which the queue model puts `target`, from one window that
+    broke it (latency `y` at load `x`) and the idle latency `floor`: the line of 1/latency
+    through 1/floor at no load and 1/y at `x`. Without a floor under the target, x*target/y."""
+    if not (floor < target < y):
+        return x * target / y
+    return x * (1.0 / floor - 1.0 / target) / (1.0 / floor - 1.0 / y)
 
 
 def fitted(state: RoleCapacity, target: float) -> float | None:

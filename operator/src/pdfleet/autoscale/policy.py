@@ -254,6 +254,7 @@ class _RoleView:
     mean_prompt: float
     peak: float  # sizing load: the short-interval peak for prefill, else the mean
     served: float = 0.0  # window mean of what the pool served (demand is what arrived)
+    mean_output: float = 0.0  # generated tokens per finished request (decode)
     # The queue shrank over the window: the latency over target is that of a backlog being
     # worked off (the window's quantile lags it), not of the load now.
     catching_up: bool = False
@@ -322,6 +323,11 @@ def _views(
         # a source without the aligned peak: the window's queue growth corrects the served
         # peak, and while a backlog is worked off the served peak is the pool's speed
         peak = arriving if queued < 0 else served_peak + queued
+    # Decode's arrivals are the requests prefill hands over, each to generate the mean output
+    # of the requests decode finished: a saturated decode pool generates less than that
+    # (its batch steps slow down), which the tokens it serves cannot show.
+    mean_output = d.generation_tokens_rate / d.request_rate if d.request_rate > 0 else 0.0
+    decode_arriving = max(d.generation_tokens_rate, p.request_rate * mean_output)
     return {
         "prefill": _RoleView(
             demand=arriving,
@@ -335,13 +341,15 @@ def _views(
             catching_up=queued < 0,
         ),
         "decode": _RoleView(
-            demand=d.generation_tokens_rate,
+            demand=decode_arriving,
+            served=d.generation_tokens_rate,
             latency=d.itl_s if _finite(d.itl_s) else 0.0,
             target=config.itl_target_s,
             x=d.generation_tokens_rate / max(fleet["decode"].ready, 1),
             waiting=d.num_requests_waiting,
             mean_prompt=mean_prompt,
-            peak=d.generation_tokens_rate,
+            peak=decode_arriving,
+            mean_output=mean_output,
         ),
     }
 
@@ -456,6 +464,9 @@ def forecast(
         late = arriving - (ready + coming.replicas) * capacity
         backlog = max(0.0, backlog + late * (config.startup_s - early))
         load += backlog / config.backlog_drain_s
+    elif role == "decode" and view.mean_output > 0:
+        # requests decode has taken but not yet scheduled each have their output to generate
+        load += view.waiting * view.mean_output / config.backlog_drain_s
     return load
 
 
