@@ -103,8 +103,7 @@ def peak_rate(
 ) -> str:
     """The highest `short_s` rate within the window, sampled every 5 s (a subquery): the
     bursts a batching prefill engine must absorb, which the window mean hides."""
-    inner = f"sum(rate({target.selector(counter)}[{duration(short_s)}]))"
-    return f"max_over_time({inner}[{duration(window_s)}:5s])"
+    return f"max_over_time({rate(target, counter, short_s)}[{duration(window_s)}:5s])"
 
 
 # Fields of `role_queries` that may be negative (a queue that shrinks); every other signal
@@ -117,14 +116,10 @@ def peak_arrivals(target: RoleSeries, window_s: float, short_s: float = PEAK_RAT
     every 5 s: the served rate plus how fast the queue grew over the same interval, in
     tokens (requests x the window's mean prompt). A saturated pool serves its capacity while
     its queue takes the rest; one working off a backlog serves faster than prompts arrive."""
-    short, w = duration(short_s), duration(window_s)
-    served = f"sum(rate({target.selector(PROMPT_TOKENS)}[{short}]))"
-    queued = f"sum(deriv({target.selector(WAITING)}[{short}]))"
-    mean_prompt = (
-        f"sum(rate({target.selector(PROMPT_TOKENS)}[{w}]))"
-        f" / sum(rate({target.selector(REQUESTS)}[{w}]))"
-    )
-    return f"max_over_time(({served} + {queued} * {mean_prompt})[{w}:5s])"
+    served = rate(target, PROMPT_TOKENS, short_s)
+    queued = growth(target, WAITING, short_s)
+    mean_prompt = f"{rate(target, PROMPT_TOKENS, window_s)} / {rate(target, REQUESTS, window_s)}"
+    return f"max_over_time(({served} + {queued} * {mean_prompt})[{duration(window_s)}:5s])"
 
 
 def role_queries(target: RoleSeries, percentile: float, window_s: float) -> dict[str, str]:
