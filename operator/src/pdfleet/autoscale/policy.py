@@ -253,11 +253,15 @@ class _RoleView:
     waiting: float
     mean_prompt: float
     peak: float  # sizing load: the short-interval peak for prefill, else the mean
-    served: float = 0.0  # window mean of what the pool served (demand is what arrived)
     mean_output: float = 0.0  # generated tokens per finished request (decode)
-    # The queue shrank over the window: the latency over target is that of a backlog being
-    # worked off (the window's quantile lags it), not of the load now.
-    catching_up: bool = False
+    # How fast the queue grew over the window, in tokens/s (prefill; 0 where unknown).
+    # Negative: a backlog is being worked off, and a latency over target is that backlog's
+    # (the window's quantile lags it), not the load's now.
+    queued: float = 0.0
+
+    @property
+    def catching_up(self) -> bool:
+        return self.queued < 0
 
 
 def _finite(*values: float) -> bool:
@@ -331,18 +335,16 @@ def _views(
     return {
         "prefill": _RoleView(
             demand=arriving,
-            served=p.prompt_tokens_rate,
             latency=p.ttft_s if _finite(p.ttft_s) else 0.0,
             target=ttft_budget,
             x=served_peak / max(fleet["prefill"].ready, 1),
             waiting=p.num_requests_waiting,
             mean_prompt=mean_prompt,
             peak=max(peak, arriving),
-            catching_up=queued < 0,
+            queued=queued,
         ),
         "decode": _RoleView(
             demand=decode_arriving,
-            served=d.generation_tokens_rate,
             latency=d.itl_s if _finite(d.itl_s) else 0.0,
             target=config.itl_target_s,
             x=d.generation_tokens_rate / max(fleet["decode"].ready, 1),
@@ -843,7 +845,7 @@ def decide(
             and n > fleet[r].current
             and not cap.bracket_bounded(learned.prefill_bracket, config.prefill_capacity_prior)
             and views[r].latency < 0.5 * views[r].target
-            and views[r].demand <= views[r].served
+            and views[r].queued <= 0
         ):
             # only the queue fit says it is full: a line through a few windows far under the
             # target is an extrapolation, and nothing queues yet
