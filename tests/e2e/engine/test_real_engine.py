@@ -157,7 +157,9 @@ PREFILL_SIGNALS = (
     "request_rate",
     "prompt_tokens_rate",
     "prompt_tokens_rate_peak",
+    "prompt_arrivals_peak",
     "num_requests_waiting",
+    "waiting_growth",
     "kv_cache_usage",
 )
 DECODE_SIGNALS = (
