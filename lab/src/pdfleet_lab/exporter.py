@@ -1,6 +1,6 @@
 """What a simulated engine's /metrics page shows, scraped into the benchmark's Prometheus.
 
-Where it fits: `pdfleet_lab.sim.FleetSim` keeps one `EngineMetrics` per worker, records into
+Where it fits: `pdfleet_lab.sim.FleetSim` keeps one `EngineFamilies` per worker, records into
 it where vLLM would (a request's first token, each decode step, a finished request), and at
 the scrape interval writes its families into `pdfleet_lab.tsdb.SimPrometheus` with the labels
 the shipped scrape configuration gives a worker's series. The families, their buckets and
@@ -48,7 +48,7 @@ class Histogram:
         store.add(f"{name}_count", labels, t, cumulative)
 
 
-class EngineMetrics:
+class EngineFamilies:
     """The families of one engine that the operator's queries read."""
 
     def __init__(self, role: str, pod: str) -> None:

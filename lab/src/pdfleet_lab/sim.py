@@ -16,7 +16,7 @@ Model (step level, not token level, so an hour of 180k requests replays in secon
   Admission needs a free seat (`max_num_seqs`) and KV room for prompt + output.
 - Router: the (prefill, decode) pair is chosen at arrival, least outstanding work first,
   among ready workers that are not draining.
-- Signals: each serving worker keeps vLLM's metric families (`exporter.EngineMetrics`),
+- Signals: each serving worker keeps vLLM's metric families (`exporter.EngineFamilies`),
   scraped every `scrape_interval_s` into an in-memory Prometheus (`tsdb.SimPrometheus`); the
   controller's window is read from it by the operator's own `PrometheusSource`, with the
   operator's queries, so it sees served (not offered) load, the engines' own latencies and
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Literal
 from pdfleet.autoscale.metrics import PrometheusSource
 from pdfleet.autoscale.policy import MetricsWindow, RoleMetrics, RoleReplicas
 from pdfleet.autoscale.promql import PEAK_RATE_S
-from pdfleet_lab.exporter import NAMESPACE, SERVICE, EngineMetrics
+from pdfleet_lab.exporter import NAMESPACE, SERVICE, EngineFamilies
 from pdfleet_lab.traces import Workload
 from pdfleet_lab.tsdb import SimPrometheus
 
@@ -233,7 +233,7 @@ class FleetSim:
         self.timeline: list[dict[str, float]] = []
         self.scale_events: list[tuple[float, str, int, int]] = []
         self.prometheus = SimPrometheus()
-        self.engines: dict[int, EngineMetrics] = {}
+        self.engines: dict[int, EngineFamilies] = {}
         self.source = PrometheusSource("simulated", client=self.prometheus)
         for _ in range(initial[0]):
             self._serving(self._new_worker("prefill", READY))
@@ -276,7 +276,7 @@ class FleetSim:
     def _serving(self, w: _Worker) -> None:
         """A worker's engine is up: its metrics exist, and Prometheus scrapes it from now on
         at a phase of its own (as targets are spread over the interval)."""
-        self.engines[w.idx] = EngineMetrics(w.role, f"{w.role}-{w.idx}")
+        self.engines[w.idx] = EngineFamilies(w.role, f"{w.role}-{w.idx}")
         if self.cfg.signals != "prometheus":
             return  # nothing reads the series
         interval = self.cfg.scrape_interval_s

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from pdfleet.autoscale import promql
-from pdfleet_lab.exporter import EngineMetrics
+from pdfleet_lab.exporter import EngineFamilies
 from pdfleet_lab.tsdb import SimPrometheus
 from tests.integration.chart.helm import toolchain_binary
 
@@ -42,12 +42,12 @@ def _fleet(rng: random.Random) -> SimPrometheus:
     """The benchmark's exporter, scraped every SCRAPE_S into a store, as the simulator does."""
     store = SimPrometheus()
     for role, pod, first, last in _pods():
-        engine = EngineMetrics(role, pod)
+        engine = EngineFamilies(role, pod)
         engine.labels.update(SERVICE)
         for step in range(first, last + 1):
             if pod == "llama-decode-0" and step == 20:
                 # The engine restarted: its counters and histograms start again from zero.
-                engine = EngineMetrics(role, pod)
+                engine = EngineFamilies(role, pod)
                 engine.labels.update(SERVICE)
             for _ in range(rng.randint(0, 20)):
                 engine.first_token(rng.lognormvariate(math.log(0.2), 0.8), rng.randint(1, 4000))

@@ -14,7 +14,7 @@ from pdfleet.autoscale.policy import MetricsWindow, PolicyConfig, RoleReplicas
 from pdfleet_lab.baselines import PolicyController
 from pdfleet_lab.dynosim import harness, results, signals, ticker
 from pdfleet_lab.dynosim import table as tables
-from pdfleet_lab.exporter import EngineMetrics
+from pdfleet_lab.exporter import EngineFamilies
 
 
 def _snap(worker: int, wall: float, **kw: float) -> dict[str, Any]:
@@ -114,7 +114,7 @@ def test_prefill_ttft_samples_wait_for_the_queue() -> None:
 
 
 def test_apply_prefill_counts_tokens_requests_and_first_tokens() -> None:
-    engine = EngineMetrics("prefill", "prefill-0")
+    engine = EngineFamilies("prefill", "prefill-0")
     passes = [_snap(0, 0.05, sum_prefill_tokens=3000), _snap(0, 0.05, sum_prefill_tokens=1000)]
     n = signals.apply_prefill(engine, passes, tick_s=15.0, mean_isl=1000.0, idle_ttft_s=0.02)
     assert n == pytest.approx(4.0)
@@ -125,7 +125,7 @@ def test_apply_prefill_counts_tokens_requests_and_first_tokens() -> None:
 
 
 def test_apply_decode_observes_every_token_at_its_step() -> None:
-    engine = EngineMetrics("decode", "decode-0")
+    engine = EngineFamilies("decode", "decode-0")
     passes = [
         _snap(0, 0.010, num_decode_requests=100, sum_decode_kv_tokens=200_000),
         _snap(0, 0.020, num_decode_requests=100, sum_decode_kv_tokens=200_100),

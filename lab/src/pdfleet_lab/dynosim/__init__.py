@@ -12,7 +12,7 @@ into `pdfleet_lab.tsdb.SimPrometheus`.
 Modules:
 - `table`: the timing table (grid, interpolation, capacity priors); pure.
 - `signals`: DynoSim's per-tick data (forward-pass snapshots, traffic window) into the vLLM
-  metric families of `pdfleet_lab.exporter.EngineMetrics`; pure.
+  metric families of `pdfleet_lab.exporter.EngineFamilies`; pure.
 - `ticker`: the object DynoSim calls once per tick; runs a `pdfleet_lab.sim.Controller`; pure.
 - `results`: attainment, flaps, ratios, result rows and the Markdown table; pure.
 - `runtime`: the only module that imports `dynamo` and `aiconfigurator_core` (one run, the

@@ -1,7 +1,7 @@
 """DynoSim's per-tick data as the vLLM metric families the operator's queries read.
 
 Where it fits: `ticker.Ticker` hands each tick's data from DynoSim here; `FleetSignals` keeps
-one `pdfleet_lab.exporter.EngineMetrics` per worker, updates it from the tick, scrapes every
+one `pdfleet_lab.exporter.EngineFamilies` per worker, updates it from the tick, scrapes every
 engine into a `pdfleet_lab.tsdb.SimPrometheus` at the tick (every 15 s) and reads the window
 back through the operator's `PrometheusSource`, as `pdfleet_lab.sim.FleetSim` does.
 
@@ -34,7 +34,7 @@ from typing import Any
 
 from pdfleet.autoscale.metrics import PrometheusSource
 from pdfleet.autoscale.policy import MetricsWindow
-from pdfleet_lab.exporter import NAMESPACE, SERVICE, EngineMetrics
+from pdfleet_lab.exporter import NAMESPACE, SERVICE, EngineFamilies
 from pdfleet_lab.tsdb import SimPrometheus
 
 Snapshot = Mapping[str, Any]
@@ -90,7 +90,7 @@ def mean_step(passes: Sequence[Snapshot]) -> float:
 
 
 def apply_prefill(
-    engine: EngineMetrics,
+    engine: EngineFamilies,
     passes: Sequence[Snapshot],
     tick_s: float,
     mean_isl: float,
@@ -111,7 +111,7 @@ def apply_prefill(
 
 
 def apply_decode(
-    engine: EngineMetrics,
+    engine: EngineFamilies,
     passes: Sequence[Snapshot],
     mean_isl: float,
     mean_osl: float,
@@ -170,7 +170,7 @@ class FleetSignals:
     idle_prefill_ms: Any  # (tokens) -> ms: the timing table's prefill time
     percentile: float = 95.0
     window_s: float = 60.0
-    engines: dict[tuple[str, int], EngineMetrics] = field(default_factory=dict)
+    engines: dict[tuple[str, int], EngineFamilies] = field(default_factory=dict)
     prometheus: SimPrometheus = field(default_factory=SimPrometheus)
     last_tick_s: float = 0.0
     source: PrometheusSource = field(init=False)
@@ -178,10 +178,10 @@ class FleetSignals:
     def __post_init__(self) -> None:
         self.source = PrometheusSource("dynosim", client=self.prometheus)
 
-    def _engine(self, role: str, idx: int) -> EngineMetrics:
+    def _engine(self, role: str, idx: int) -> EngineFamilies:
         key = (role, idx)
         if key not in self.engines:
-            self.engines[key] = EngineMetrics(role, f"{role}-{idx}")
+            self.engines[key] = EngineFamilies(role, f"{role}-{idx}")
         return self.engines[key]
 
     def observe(self, now_s: float, tick: Mapping[str, Any]) -> None:
