@@ -121,7 +121,12 @@ ENGINE_NICE = ("nice", "-n", "10")
 #: The image's ``pdfleet-agent``: the agent from this checkout run by the engine's Python,
 #: as the worker image installs it into vLLM's environment.
 ENGINE_SHIM_DIR = Path(__file__).resolve().parents[1] / "engine-bin"
-WORKER_SRC = Path(__file__).resolve().parents[3] / "worker-image" / "src"
+#: The sources the worker image installs into vLLM's environment: the agent and the message
+#: types it shares with the operator (pdfleet_wire, under operator/src).
+WORKER_SOURCES = tuple(
+    str(Path(__file__).resolve().parents[3] / folder / "src")
+    for folder in ("worker-image", "operator")
+)
 
 
 def engine_command(
@@ -140,7 +145,7 @@ def engine_command(
         "PATH": os.pathsep.join(
             [str(ENGINE_SHIM_DIR), str(ctx.engine_root / "venv" / "bin"), ctx.search_path]
         ),
-        "PYTHONPATH": str(WORKER_SRC),
+        "PYTHONPATH": os.pathsep.join(WORKER_SOURCES),
         # vLLM binds ZMQ IPC sockets under TMPDIR, and a socket path has at most 107 bytes:
         # the pod's log directory is too deep. Socket names are UUIDs, so pods can share /tmp.
         "TMPDIR": "/tmp",

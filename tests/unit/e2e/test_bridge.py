@@ -6,6 +6,7 @@ so a renderer change that the bridge cannot run shows up here first.
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from dataclasses import replace
@@ -193,7 +194,26 @@ def test_the_real_engine_runs_the_pods_own_command_and_env_in_the_engines_python
 
 def test_the_real_engine_paths_point_into_this_checkout() -> None:
     assert (commands.ENGINE_SHIM_DIR / "pdfleet-agent").is_file()
-    assert (commands.WORKER_SRC / "pdfleet_worker" / "agent.py").is_file()
+    sources = [Path(folder) for folder in commands.WORKER_SOURCES]
+    assert any((src / "pdfleet_worker" / "agent.py").is_file() for src in sources)
+
+
+def test_every_project_package_the_worker_imports_is_on_the_engines_path() -> None:
+    """The engine's Python has only vLLM's packages and these sources, as the worker image:
+    a worker module importing a project package left off the path fails only in a pod."""
+    sources = [Path(folder) for folder in commands.WORKER_SOURCES]
+    worker = next(src for src in sources if (src / "pdfleet_worker").is_dir())
+    imported: set[str] = set()
+    for module in (worker / "pdfleet_worker").rglob("*.py"):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    ours = {name for name in imported if name.startswith("pdfleet")}
+    assert "pdfleet_wire" in ours
+    missing = [name for name in ours if not any((src / name).is_dir() for src in sources)]
+    assert not missing, missing
 
 
 def test_the_real_engine_without_its_install_is_a_clear_error() -> None:
