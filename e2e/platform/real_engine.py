@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -125,13 +127,17 @@ def deployed_engine_service(
         yield service
 
 
+#: The warm-up's longest prompt, in words (the tiny tokenizer makes about one token each).
+WARM_UP_WORDS = (8, 300)
+
+
 def warm_up(service: Service) -> None:
     """A few requests of each kind through the router, then idle engines. A CPU engine's
     first requests of a shape compile kernels for seconds; on a loaded machine a decode
     then reads its KV after the prefill's 30 s lease, which the tests count as a fault."""
     body = {"model": SERVED_MODEL, "max_tokens": 8, "ignore_eos": True}
     with httpx.Client(timeout=300) as http:
-        for words in (8, 300):
+        for words in WARM_UP_WORDS:
             prompt = " ".join(str(i) for i in range(words))
             for path, extra in (
                 ("/v1/completions", {"prompt": prompt}),
@@ -143,6 +149,39 @@ def warm_up(service: Service) -> None:
     wait_engines_idle(
         {**pod_urls(service, labels.ROLE_PREFILL), **pod_urls(service, labels.ROLE_DECODE)}
     )
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How fast the engines answer on this machine today: the slowest of a few requests of
+    the warm-up's longest prompt through the router (prefill, KV pull, 8 tokens of decode).
+
+    Two CPU engines share two cores with the cluster, and their pace varies several-fold
+    from one machine or hour to the next; a fixed read timeout that fits one day cuts a
+    healthy request on another. Every wait in the tier for an engine's answer is a multiple
+    of this figure, never under the fixed floor it replaces."""
+
+    request_s: float
+
+    #: How many idle-machine requests' time a request may take under the tier's own load
+    #: (a few clients, a drain, a restarting engine beside it) before it counts as stuck.
+    SLACK = 30.0
+
+    def timeout_s(self, floor_s: float = 60.0) -> float:
+        return max(floor_s, self.SLACK * self.request_s)
+
+
+def measure_pace(service: Service, requests: int = 3) -> Pace:
+    """`Pace` from `requests` sequential requests through the router of idle engines."""
+    prompt = " ".join(str(i) for i in range(max(WARM_UP_WORDS)))
+    body = {"model": SERVED_MODEL, "max_tokens": 8, "ignore_eos": True, "prompt": prompt}
+    slowest = 0.0
+    with httpx.Client(timeout=300) as http:
+        for _ in range(requests):
+            started = time.monotonic()
+            http.post(f"{service.router()}/v1/completions", json=body).raise_for_status()
+            slowest = max(slowest, time.monotonic() - started)
+    return Pace(slowest)
 
 
 def _has_ip(service: Service, role: str) -> bool:

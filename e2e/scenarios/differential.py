@@ -179,10 +179,11 @@ def _decode(
     return resp.status_code, source, shape
 
 
-def observe(prefill: str, decode: str, model: str) -> Observation:
-    """Send the probe requests to one pair (engine URLs) and record what shows."""
+def observe(prefill: str, decode: str, model: str, timeout_s: float = 60.0) -> Observation:
+    """Send the probe requests to one pair (engine URLs) and record what shows; a request
+    that takes longer than `timeout_s` fails the observation."""
     obs = Observation()
-    with httpx.Client(timeout=60) as client:
+    with httpx.Client(timeout=timeout_s) as client:
         params = _prefill(client, prefill, model)
         obs.kv_params = json_shape(params)
         status, source, obs.completion = _decode(client, decode, model, params)
@@ -321,13 +322,16 @@ def _healthy(url: str) -> bool:
 # ----- what a draining engine answers -----------------------------------------------------------
 
 
-def drain_answers(url: str, model: str, terminate: Callable[[], None]) -> dict[str, Any]:
+def drain_answers(
+    url: str, model: str, terminate: Callable[[], None], timeout_s: float = 60.0
+) -> dict[str, Any]:
     """What an engine answers once it is told to stop while a request is in flight:
     ``terminate()`` sends the SIGTERM after a long stream started; then a new request,
-    ``/health`` and ``/metrics`` are tried, and the stream is read to its end."""
+    ``/health`` and ``/metrics`` are tried, and the stream is read to its end. `timeout_s`
+    bounds the wait for any one answer."""
     # About STREAM_S of this engine's own pace: in flight while the probes run, and done
     # well within its 30 s --shutdown-timeout, however slow the machine is today.
-    tokens = stream_tokens(url, model)
+    tokens = stream_tokens(url, model, timeout_s)
     body = {"model": model, "prompt": PROMPT, "max_tokens": tokens, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     streamed: dict[str, Any] = {}
@@ -335,7 +339,7 @@ def drain_answers(url: str, model: str, terminate: Callable[[], None]) -> dict[s
     def stream() -> None:
         try:
             with (
-                httpx.Client(timeout=120) as http,
+                httpx.Client(timeout=2 * timeout_s) as http,
                 http.stream("POST", f"{url}/v1/completions", json=body) as resp,
             ):
                 lines = [line for line in resp.iter_lines() if line.startswith("data: ")]
@@ -349,17 +353,17 @@ def drain_answers(url: str, model: str, terminate: Callable[[], None]) -> dict[s
 
     reader = threading.Thread(target=stream, daemon=True)
     reader.start()
-    wait_until(lambda: _running(url) > 0, 60, f"a request running on {url}", interval_s=0.05)
+    wait_until(lambda: _running(url) > 0, timeout_s, f"a request running on {url}", interval_s=0.05)
     terminate()
     time.sleep(0.5)  # the signal handler runs before the next request is read
     answers: dict[str, Any] = {}
-    with httpx.Client(timeout=30) as http:
+    with httpx.Client(timeout=timeout_s / 2) as http:
         # While the stream is surely in flight: the engine's drain waits for it.
         for path in ("/health", "/metrics"):
             answers[path] = _status(http, "GET", f"{url}{path}")
         new = {"model": model, "prompt": PROMPT, "max_tokens": 2}
         answers["new request"] = _status(http, "POST", f"{url}/v1/completions", new)
-    reader.join(120)
+    reader.join(2 * timeout_s)
     answers["in-flight stream"] = (streamed.get("status"), streamed.get("done"))
     answers["in-flight tokens complete"] = streamed.get("tokens") == body["max_tokens"]
     return answers
@@ -368,12 +372,12 @@ def drain_answers(url: str, model: str, terminate: Callable[[], None]) -> dict[s
 STREAM_S = 8.0
 
 
-def stream_tokens(url: str, model: str, probe_tokens: int = 8) -> int:
+def stream_tokens(url: str, model: str, timeout_s: float, probe_tokens: int = 8) -> int:
     """How many tokens the engine at `url` makes in about STREAM_S, from one short request
     (its prefill counted in, so the figure errs short), within [16, 600]."""
     body = {"model": model, "prompt": PROMPT, "max_tokens": probe_tokens, "ignore_eos": True}
     started = time.monotonic()
-    httpx.post(f"{url}/v1/completions", json=body, timeout=60).raise_for_status()
+    httpx.post(f"{url}/v1/completions", json=body, timeout=timeout_s).raise_for_status()
     rate = probe_tokens / max(time.monotonic() - started, 1e-3)
     return max(16, min(600, int(rate * STREAM_S)))
 

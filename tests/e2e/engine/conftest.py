@@ -5,7 +5,9 @@
 * ``prometheus`` (session): Prometheus discovering the pods with the shipped scrape config;
 * ``service`` (session): one prefill and two decode pods of real vLLM behind the real
   vllm-router, reconciled by a real ``pdfleet operator run``, Ready. One for the whole tier:
-  engines take minutes to start, so every test waits for the pools it needs instead.
+  engines take minutes to start, so every test waits for the pools it needs instead;
+* ``pace`` (session): how fast those engines answer today, from which every wait for an
+  engine's answer is derived.
 
 Every test here is marked ``e2e``. Run them inside the private network namespace:
 ``e2e/platform/netns.sh .venv/bin/pytest tests/e2e/engine``. A missing engine, toolchain or
@@ -21,7 +23,13 @@ import pytest
 
 from e2e.platform.cluster import Cluster
 from e2e.platform.prometheus import Prometheus, start_for_cluster
-from e2e.platform.real_engine import EngineMissingError, deployed_engine_service, engine_root
+from e2e.platform.real_engine import (
+    EngineMissingError,
+    Pace,
+    deployed_engine_service,
+    engine_root,
+    measure_pace,
+)
 from e2e.platform.service import Service
 from tests.e2e.support import api_client, bridge_cluster, mark_folder
 
@@ -67,3 +75,10 @@ def service(
         bridge_cluster, api_client, log_dir, engine, prometheus.url
     ) as svc:
         yield svc
+
+
+@pytest.fixture(scope="session")
+def pace(service: Service) -> Pace:
+    measured = measure_pace(service)
+    print(f"engine pace: {measured}")
+    return measured

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.platform.real_engine import SERVED_MODEL, pod_urls, wait_serving
+from e2e.platform.real_engine import SERVED_MODEL, Pace, pod_urls, wait_serving
 from e2e.platform.service import Service
 from e2e.scenarios.differential import differences, drain_answers, observe, sim_pair, to_json
 from pdfleet import labels
@@ -21,13 +21,15 @@ from pdfleet import labels
 pytestmark = pytest.mark.timeout(600)
 
 
-def test_the_simulator_shows_what_the_engine_shows(service: Service, tmp_path: Path) -> None:
+def test_the_simulator_shows_what_the_engine_shows(
+    service: Service, pace: Pace, tmp_path: Path
+) -> None:
     wait_serving(service)
     (prefill_pod,) = service.role_pods(labels.ROLE_PREFILL)
     decode_pod = service.role_pods(labels.ROLE_DECODE)[0]
     prefill = pod_urls(service, labels.ROLE_PREFILL)[prefill_pod["metadata"]["name"]]
     decode = pod_urls(service, labels.ROLE_DECODE)[decode_pod["metadata"]["name"]]
-    real = observe(prefill, decode, SERVED_MODEL)
+    real = observe(prefill, decode, SERVED_MODEL, pace.timeout_s())
     with sim_pair(prefill_pod, decode_pod, tmp_path) as pair:
         sim = observe(pair.prefill, pair.decode, SERVED_MODEL)
     (tmp_path / "observations.json").write_text(
@@ -38,7 +40,7 @@ def test_the_simulator_shows_what_the_engine_shows(service: Service, tmp_path: P
 
 
 def test_a_draining_simulator_answers_as_a_draining_engine(
-    service: Service, tmp_path: Path
+    service: Service, pace: Pace, tmp_path: Path
 ) -> None:
     """SIGTERM with a stream in flight: vLLM refuses a new request with HTTP 500 ("cannot
     schedule new futures after shutdown") while /health and /metrics still answer 200 and
@@ -52,7 +54,7 @@ def test_a_draining_simulator_answers_as_a_draining_engine(
     process = service.bridge.process(service.namespace, name) if service.bridge else None
     assert process is not None and process.pid is not None, name
     pid = process.pid
-    real = drain_answers(url, SERVED_MODEL, lambda: os.kill(pid, signal.SIGTERM))
+    real = drain_answers(url, SERVED_MODEL, lambda: os.kill(pid, signal.SIGTERM), pace.timeout_s())
     with sim_pair(prefill_pod, decode_pod, tmp_path) as pair:
         sim = drain_answers(
             pair.decode, SERVED_MODEL, lambda: pair.decode_process.send_signal(signal.SIGTERM)
