@@ -32,6 +32,14 @@ DOCKERFILES := operator/Dockerfile worker-image/Dockerfile router-image/Dockerfi
 # outside the checkout (like e2e/platform/toolchain.sh), one directory per version.
 ACTIONLINT_VERSION := 1.7.12
 ACTIONLINT := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/pdfleet/tools/actionlint-$(ACTIONLINT_VERSION)/actionlint
+# The CNCF distribution registry, an OCI registry on loopback for the chart's release path
+# (tests/integration/cluster/test_chart_release.py: helm push, then helm install oci://...).
+# Built the same way; the -rN suffix is the recipe, bumped when the build flags change.
+REGISTRY_VERSION := 3.1.2
+REGISTRY := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/pdfleet/tools/registry-$(REGISTRY_VERSION)-r1/registry
+# The Go builds of these tools wait for any other Go build that holds this lock: on a 2-core
+# machine two at once only make both slower.
+GO_BUILD_LOCK := /tmp/pdfleet-go-build.lock
 DEMO_ARGS ?=
 NIXL_PIN := nixl-cu12==1.5.1
 BENCH_SCALE_ARGS ?=
@@ -81,6 +89,23 @@ $(ACTIONLINT):
 	&& { mv -T "$$tmp" "$(@D)" 2>/dev/null || rm -rf "$$tmp"; } \
 	&& test -x "$@"
 
+# The version is stamped so that `registry --version` names the pin, not `+unknown`.
+$(REGISTRY):
+	mkdir -p "$(dir $(@D))"
+	tmp=$$(mktemp -d "$(@D).XXXXXX") && chmod 755 "$$tmp" \
+	&& { GOTOOLCHAIN=local CGO_ENABLED=0 GOBIN="$$tmp" flock $(GO_BUILD_LOCK) go install -trimpath \
+	       -ldflags "-s -w -X github.com/distribution/distribution/v3/version.version=v$(REGISTRY_VERSION)" \
+	       github.com/distribution/distribution/v3/cmd/registry@v$(REGISTRY_VERSION) \
+	     || { rm -rf "$$tmp"; exit 1; }; } \
+	&& { mv -T "$$tmp" "$(@D)" 2>/dev/null || rm -rf "$$tmp"; } \
+	&& test -x "$@"
+
+registry: $(REGISTRY) ## Build the OCI registry the chart's release test pushes to (cached outside the checkout).
+
+# The path the test runs, so that the Makefile is the one place that names the version.
+registry-path:
+	@echo "$(REGISTRY)"
+
 lint: $(STAMP) $(ACTIONLINT) ## Ruff, mypy --strict, the import contracts, hadolint, actionlint.
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -94,7 +119,7 @@ test-unit: $(STAMP) ## Unit tests: pure code and generated-file drift (no Kubern
 
 verify: lint test-unit ## Lint, types, generated-file drift and unit tests.
 
-test-integration: $(STAMP) toolchain ## The chart (helm, promtool); real kube-apiserver, vllm-router and Prometheus.
+test-integration: $(STAMP) toolchain $(REGISTRY) ## The chart (helm, promtool); real kube-apiserver, vllm-router and Prometheus.
 	$(NETNS) $(PYTEST) $(INTEGRATION_TESTS)
 
 test-e2e: $(STAMP) toolchain ## The whole fleet: operator, process bridge, router, simulators.
@@ -133,4 +158,4 @@ test-faults: $(STAMP) toolchain ## The fault suite: tests/e2e/faults, then the f
 demo: $(STAMP) toolchain ## The demo fleet rebalancing itself under a load shift (DEMO_ARGS=--keep).
 	$(NETNS) $(PY) -m e2e.scenarios.demo $(DEMO_ARGS)
 
-.PHONY: help install toolchain engine test-image test-engine manifests lint test-unit verify test-integration test-e2e test-scenarios test-drain test-faults test demo bench-scale bench-autoscale bench-autoscale-dynosim
+.PHONY: help install toolchain engine registry registry-path test-image test-engine manifests lint test-unit verify test-integration test-e2e test-scenarios test-drain test-faults test demo bench-scale bench-autoscale bench-autoscale-dynosim

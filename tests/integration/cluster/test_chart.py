@@ -45,6 +45,12 @@ class Release:
 
 
 def helm(cluster: Cluster, *args: str) -> str:
+    """Run the toolchain's helm against `cluster`; fails the test on a non-zero exit."""
+    return helm_run(cluster, *args).stdout
+
+
+def helm_run(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """`helm` with its stderr too, where helm reports what it did (`helm push`'s digest)."""
     binary = toolchain_binary("helm", "PDFLEET_HELM")
     home = cluster.config.workdir / "helm-home"
     env = {
@@ -58,7 +64,7 @@ def helm(cluster: Cluster, *args: str) -> str:
         capture_output=True, text=True, env=env, timeout=180, check=False,
     )  # fmt: skip
     assert result.returncode == 0, f"helm {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
-    return result.stdout
+    return result
 
 
 def token_kubeconfig(cluster: Cluster, namespace: str, account: str, path: Path) -> Path:
@@ -110,12 +116,19 @@ def make_namespace(api_client: Any, name: str) -> None:
 
 
 def install(
-    cluster: Cluster, namespace: str, tmp_path: Path, values: dict[str, Any]
+    cluster: Cluster,
+    namespace: str,
+    tmp_path: Path,
+    values: dict[str, Any],
+    chart: str = str(CHART),
+    source: tuple[str, ...] = (),
 ) -> Iterator[Release]:
+    """`helm install` of `chart` (the checkout's, or a reference such as oci://... with the
+    `source` flags that locate it), then the release's ServiceAccount token."""
     values_file = tmp_path / "values.yaml"
     values_file.write_text(yaml.safe_dump(values))
     helm(
-        cluster, "install", RELEASE, str(CHART), "--namespace", namespace,
+        cluster, "install", RELEASE, chart, *source, "--namespace", namespace,
         "--values", str(values_file), "--wait", "--timeout", "90s",
     )  # fmt: skip
     try:
@@ -147,11 +160,15 @@ def namespaced_release(
 
 
 def run_operator(
-    release: Release, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    release: Release,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    extra_args: tuple[str, ...] = (),
 ) -> OperatorProcess:
     """`pdfleet operator run` with the chart's flags and the ServiceAccount's token. KUBECONFIG
     is set for the process too, so that every client library in it (kopf's login included)
-    finds the ServiceAccount's credentials and no other."""
+    finds the ServiceAccount's credentials and no other. `extra_args` come last, so they win
+    over the defaults here."""
     monkeypatch.setenv("KUBECONFIG", str(release.kubeconfig))
     scope = tuple(f"--namespace={ns}" for ns in release.watched)
     return OperatorProcess(
@@ -161,7 +178,7 @@ def run_operator(
         lease_namespace=release.namespace,
         resync_seconds=5.0,
         lease_name=RELEASE,  # the chart's Role grants get/update on this Lease only
-        extra_args=scope,
+        extra_args=(*scope, *extra_args),
     ).start()
 
 
