@@ -40,6 +40,13 @@ REGISTRY := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/pdfleet/tools/registry-$(REGI
 # The Go builds of these tools wait for any other Go build that holds this lock: on a 2-core
 # machine two at once only make both slower.
 GO_BUILD_LOCK := /tmp/pdfleet-go-build.lock
+# kstatus, the status library Flux's health checks run (sigs.k8s.io/cli-utils), wrapped in
+# a small program (e2e/platform/kstatus) that the integration tests hold the InferenceService's
+# status to. Its go.mod pins cli-utils and is where the version is named; the -rN suffix is the
+# recipe, bumped when main.go, another pin or the build flags change.
+KSTATUS_SRC := e2e/platform/kstatus
+KSTATUS_VERSION := $(shell awk '$$1 == "sigs.k8s.io/cli-utils" { sub(/^v/, "", $$2); print $$2 }' $(KSTATUS_SRC)/go.mod)
+KSTATUS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/pdfleet/tools/kstatus-$(KSTATUS_VERSION)-r1/kstatus
 DEMO_ARGS ?=
 NIXL_PIN := nixl-cu12==1.5.1
 BENCH_SCALE_ARGS ?=
@@ -106,6 +113,22 @@ registry: $(REGISTRY) ## Build the OCI registry the chart's release test pushes 
 registry-path:
 	@echo "$(REGISTRY)"
 
+$(KSTATUS):
+	test -n "$(KSTATUS_VERSION)"
+	mkdir -p "$(dir $(@D))"
+	tmp=$$(mktemp -d "$(@D).XXXXXX") && chmod 755 "$$tmp" \
+	&& { GOTOOLCHAIN=local CGO_ENABLED=0 flock $(GO_BUILD_LOCK) go build -C $(KSTATUS_SRC) \
+	       -trimpath -buildvcs=false -ldflags "-s -w" -o "$$tmp/kstatus" . \
+	     || { rm -rf "$$tmp"; exit 1; }; } \
+	&& { mv -T "$$tmp" "$(@D)" 2>/dev/null || rm -rf "$$tmp"; } \
+	&& test -x "$@"
+
+kstatus: $(KSTATUS) ## Build the kstatus program the integration tests compute health with (cached outside the checkout).
+
+# The path the tests run (e2e/platform/health.py asks), so that it is named here only.
+kstatus-path:
+	@echo "$(KSTATUS)"
+
 lint: $(STAMP) $(ACTIONLINT) ## Ruff, mypy --strict, the import contracts, hadolint, actionlint.
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -119,7 +142,7 @@ test-unit: $(STAMP) ## Unit tests: pure code and generated-file drift (no Kubern
 
 verify: lint test-unit ## Lint, types, generated-file drift and unit tests.
 
-test-integration: $(STAMP) toolchain $(REGISTRY) ## The chart (helm, promtool); real kube-apiserver, vllm-router and Prometheus.
+test-integration: $(STAMP) toolchain $(REGISTRY) $(KSTATUS) ## The chart (helm, promtool); real kube-apiserver, vllm-router and Prometheus.
 	$(NETNS) $(PYTEST) $(INTEGRATION_TESTS)
 
 test-e2e: $(STAMP) toolchain ## The whole fleet: operator, process bridge, router, simulators.
@@ -158,4 +181,4 @@ test-faults: $(STAMP) toolchain ## The fault suite: tests/e2e/faults, then the f
 demo: $(STAMP) toolchain ## The demo fleet rebalancing itself under a load shift (DEMO_ARGS=--keep).
 	$(NETNS) $(PY) -m e2e.scenarios.demo $(DEMO_ARGS)
 
-.PHONY: help install toolchain engine registry registry-path test-image test-engine manifests lint test-unit verify test-integration test-e2e test-scenarios test-drain test-faults test demo bench-scale bench-autoscale bench-autoscale-dynosim
+.PHONY: help install toolchain engine registry registry-path kstatus kstatus-path test-image test-engine manifests lint test-unit verify test-integration test-e2e test-scenarios test-drain test-faults test demo bench-scale bench-autoscale bench-autoscale-dynosim

@@ -205,11 +205,11 @@ class Controller:
         replicas, child_plan = plan(isvc, observed, previous, self.config, applied, self._rendered)
         planned = len(child_plan.apply) + len(child_plan.delete)
         if planned and not (original or {}).get("observedGeneration"):
-            # A service's first status goes out before its children: until a status shows
-            # observedGeneration, kstatus (Flux, kubectl wait --for) reads a custom resource
-            # as Current, and a burst of creations queues the passes that write a dozen
-            # children each. It is the status the end of this pass would write, so that
-            # write is then skipped, not repeated.
+            # A service's first status goes out before its children, so that its conditions
+            # say at once what it waits for: a burst of creations queues the passes that
+            # write a dozen children each. (kstatus reads it as InProgress before that too:
+            # the CRD defaults status.observedGeneration to 0.) It is the status the end of
+            # this pass would write, so that write is then skipped, not repeated.
             first = compute_status(isvc, observed, previous, replicas, now, planned)
             if self._write_status(body, original, first).status_written:
                 self._report_problems(body, original, first)

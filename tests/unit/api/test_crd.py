@@ -75,6 +75,13 @@ def test_defaults_in_the_crd_match_the_models() -> None:
     ]
 
 
+def test_a_status_not_written_yet_reads_as_generation_0_observed() -> None:
+    """kstatus reads a status without observedGeneration as Current (docs/gitops.md)."""
+    status = _schema()["properties"]["status"]
+    assert status["default"] == {"observedGeneration": 0}
+    assert status["properties"]["observedGeneration"]["type"] == "integer"
+
+
 def test_names_and_columns() -> None:
     names = crd()["spec"]["names"]
     assert names["kind"] == "InferenceService"

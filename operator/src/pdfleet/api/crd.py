@@ -106,8 +106,14 @@ def openapi_schema() -> dict[str, Any]:
     }
     props["metadata"] = {"type": "object"}
     props["status"]["description"] = (
-        "Observed state, written by the operator once per reconcile pass."
+        "Observed state, written by the operator once per reconcile pass; observedGeneration "
+        "0 until its first pass."
     )
+    # kstatus (Flux's health checks, `kubectl wait`-style tools) reads a custom resource
+    # without status.observedGeneration as Current. With this default the API server shows a
+    # service the operator has not reconciled yet (just created, or the operator down) at
+    # observedGeneration 0, behind metadata.generation: InProgress, as docs/gitops.md says.
+    props["status"]["default"] = {"observedGeneration": 0}
     schema["required"] = ["spec"]
     return schema
 
