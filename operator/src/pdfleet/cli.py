@@ -120,6 +120,14 @@ def cmd_operator_run(args: argparse.Namespace) -> int:
 
     stop = threading.Event()
     lost = threading.Event()
+
+    @kopf.on.cleanup(registry=registry)
+    def release_stop_flag(**_: object) -> None:
+        # kopf waits for the stop flag in a thread of the loop's default executor, and
+        # asyncio.run joins that thread on the way out: after a SIGTERM, which stops kopf
+        # without the flag, the process would linger until the kubelet's SIGKILL.
+        stop.set()
+
     elector = None
     if args.metrics_port:
         metrics.serve(args.metrics_port, addr=args.bind)

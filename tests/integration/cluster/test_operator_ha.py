@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ import pytest
 
 from e2e.platform.cluster import Cluster
 from e2e.platform.operator_process import OperatorProcess
+from pdfleet.kube.lease import LEASE_DURATION_S
 from tests.integration.cluster.kube_helpers import create_isvc, list_children, wait_for, wait_ready
 from tests.integration.cluster.test_reconciler import EXPECTED_CHILDREN
 from tests.spec_cases import merge_patch, sample
@@ -93,3 +95,32 @@ def test_one_active_replica_and_failover(
     wait_ready(api_client, namespace, "llama-8b", timeout=60)
     assert list_children(api_client, namespace, "llama-8b")
     print(f"failover took {failover:.1f}s (lease duration 15s)")
+
+
+#: The chart's terminationGracePeriodSeconds: past it the kubelet kills the operator.
+CHART_GRACE_S = 30
+
+
+def test_sigterm_ends_the_leader_and_hands_its_lease_over(
+    operators: list[OperatorProcess],
+) -> None:
+    """A rolling upgrade of the operator: the old leader, sent SIGTERM, exits on its own
+    well within the pod's grace period and releases the Lease, so the standby leads without
+    waiting out the lease duration."""
+    for proc in operators:
+        proc.start()
+    leader = wait_for(lambda: _leader(operators), 30, "a leader")
+    standby = next(p for p in operators if p is not leader)
+    wait_for(lambda: standby.healthy(), 30, "the standby to be up")
+    assert leader.process is not None
+    leader.process.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    code = leader.process.wait(timeout=CHART_GRACE_S)
+    exited = time.monotonic() - started
+    wait_for(lambda: _leader([standby]) is standby, 40, "the standby to take over")
+    handover = time.monotonic() - started
+    print(f"exited after {exited:.1f}s with {code}; standby leading after {handover:.1f}s")
+    assert code == 0
+    assert exited < CHART_GRACE_S / 3, "the operator lingers after SIGTERM"
+    # Without a release the standby could only take an expired lease.
+    assert handover < LEASE_DURATION_S, "the lease was not released"

@@ -54,6 +54,8 @@ def can_take(state: LeaseState, identity: str, now: datetime) -> bool:
     return now >= state.renewed + timedelta(seconds=state.duration_s)
 
 
+#: How long a Lease stays held without a renewal (client-go's default too).
+LEASE_DURATION_S = 15
 # What a renewal may fail with: an API error (409 from a stale read, 429, 5xx) or no answer at
 # all (the API server restarting: connection refused, timeouts). None of them means another
 # replica holds the lease.
@@ -81,7 +83,7 @@ class LeaderElector:
         namespace: str,
         name: str,
         identity: str,
-        lease_duration_s: int = 15,
+        lease_duration_s: int = LEASE_DURATION_S,
         renew_every_s: float = 5.0,
         clock: Callable[[], datetime] = _now,
         retry_every_s: float = 1.0,
