@@ -13,7 +13,6 @@ test holds both tools to the page users read. Both are pure.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.platform.cluster import REPO_ROOT
+from e2e.platform.tools import built_tool
 
 GITOPS_DOC = REPO_ROOT / "docs" / "gitops.md"
 TABLE_HEADER = "| state | kstatus | Argo CD | when |"
@@ -32,10 +32,6 @@ PROGRESSING = "`Reconciling=True`, `Ready=False`"
 SERVING_WHILE_RECONCILING = "`Ready=True`, `Reconciling=True`"
 CURRENT = "`Ready=True`, `Reconciling=False`"
 STATES = (STALE, STALLED, PROGRESSING, SERVING_WHILE_RECONCILING, CURRENT)
-
-
-class KstatusMissingError(RuntimeError):
-    """The kstatus program is not built."""
 
 
 @dataclass(frozen=True)
@@ -53,26 +49,10 @@ def parse_kstatus_output(text: str) -> Health:
 
 
 def kstatus_binary(environ: Mapping[str, str] | None = None) -> Path:
-    """The program `make kstatus` builds (`PDFLEET_KSTATUS` names another build); raises
-    KstatusMissingError, naming the command that builds it, when it is not there."""
-    environ = os.environ if environ is None else environ
-    override = environ.get("PDFLEET_KSTATUS")
-    if override:
-        path = Path(override)
-    else:
-        # A calling make's flags (jobserver, directory messages) are not for this one.
-        env = {k: v for k, v in environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-        out = subprocess.run(
-            ["make", "-s", "--no-print-directory", "-C", str(REPO_ROOT), "kstatus-path"],
-            capture_output=True, text=True, env=env, timeout=30, check=True,
-        )  # fmt: skip
-        path = Path(out.stdout.strip())
-    if not os.access(path, os.X_OK):
-        raise KstatusMissingError(
-            f"kstatus is not built ({path}): run `make kstatus` (it builds e2e/platform/kstatus "
-            "with Go, from the Go module proxy)"
-        )
-    return path
+    """The program `make kstatus` builds (`PDFLEET_KSTATUS` names another build)."""
+    return built_tool(
+        "kstatus", "PDFLEET_KSTATUS", "kstatus (e2e/platform/kstatus, built with Go)", environ
+    )
 
 
 def kstatus(obj: Mapping[str, Any], binary: Path) -> Health:

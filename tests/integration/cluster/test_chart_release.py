@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -40,6 +39,7 @@ import pytest
 import yaml
 
 from e2e.platform.cluster import Cluster, free_port, wait_until
+from e2e.platform.tools import ToolMissingError, built_tool
 from tests.integration.cluster.test_chart import (
     CHART,
     RELEASE,
@@ -50,7 +50,6 @@ from tests.integration.cluster.test_chart import (
     install,
     run_operator,
 )
-from tests.spec_cases import ROOT
 
 REPOSITORY = "charts"  # the path under the registry, as ghcr.io/pdfleet/charts
 HELM_CHART_LAYER = "application/vnd.cncf.helm.chart.content.v1.tar+gzip"
@@ -90,25 +89,14 @@ class PushedChart:
 
 
 def registry_binary() -> Path:
-    """The registry `make registry` builds; the path comes from the Makefile, which pins it."""
-    override = os.environ.get("PDFLEET_REGISTRY")
-    if override:
-        path = Path(override)
-    else:
-        # A calling make's flags (jobserver, directory messages) are not for this one.
-        env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-        out = subprocess.run(
-            ["make", "-s", "--no-print-directory", "-C", str(ROOT), "registry-path"],
-            capture_output=True, text=True, env=env, timeout=30, check=True,
+    """The registry `make registry` builds (`PDFLEET_REGISTRY` names another build)."""
+    try:
+        return built_tool(
+            "registry", "PDFLEET_REGISTRY",
+            "the OCI registry (github.com/distribution/distribution/v3/cmd/registry)",
         )  # fmt: skip
-        path = Path(out.stdout.strip())
-    if not os.access(path, os.X_OK):
-        pytest.fail(
-            f"the OCI registry is not built ({path}): run `make registry` "
-            "(it builds github.com/distribution/distribution/v3/cmd/registry with Go)",
-            pytrace=False,
-        )
-    return path
+    except ToolMissingError as missing:
+        pytest.fail(str(missing), pytrace=False)
 
 
 def registry_config(port: int, storage: Path) -> dict[str, Any]:

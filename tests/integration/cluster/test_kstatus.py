@@ -30,13 +30,13 @@ from e2e.platform.health import (
     STALE,
     STALLED,
     Health,
-    KstatusMissingError,
     health_table,
     kstatus,
     kstatus_binary,
     table_state,
 )
 from e2e.platform.operator_process import OperatorProcess
+from e2e.platform.tools import ToolMissingError
 from tests.integration.cluster.kube_helpers import condition, get_isvc, wait_for
 from tests.integration.cluster.test_gitops import NAME, apply
 from tests.integration.cluster.test_gitops import operator as operator  # the fixture
@@ -53,7 +53,7 @@ def kstatus_program() -> Path:
     """Before the cluster starts: a missing program fails the test at once."""
     try:
         return kstatus_binary()
-    except KstatusMissingError as error:
+    except ToolMissingError as error:
         missing = str(error)
     pytest.fail(missing, pytrace=False)
 

@@ -22,13 +22,13 @@ from e2e.platform.health import (
     STATES,
     TABLE_HEADER,
     Health,
-    KstatusMissingError,
     health_table,
     kstatus,
     kstatus_binary,
     parse_kstatus_output,
     table_state,
 )
+from e2e.platform.tools import ToolMissingError
 
 
 def _obj(generation: int, status: dict[str, Any] | None, **conditions: str) -> dict[str, Any]:
@@ -135,7 +135,7 @@ def test_the_makefile_names_the_program_and_a_missing_one_says_how_to_build_it(
 ) -> None:
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     env.pop("PDFLEET_KSTATUS", None)
-    with pytest.raises(KstatusMissingError) as missing:
+    with pytest.raises(ToolMissingError) as missing:
         kstatus_binary(env)
     message = str(missing.value)
     assert f"{tmp_path}/pdfleet/tools/kstatus-" in message and "run `make kstatus`" in message
