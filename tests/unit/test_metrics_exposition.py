@@ -73,3 +73,10 @@ def test_the_server_serves_the_exposition() -> None:
         server.shutdown()
         server.server_close()
         metrics.forget_service("expo", "svc-b")
+
+
+def test_the_drain_series_of_both_roles_are_served_before_any_drain() -> None:
+    # A series born at its first drain gives rate() and increase() nothing to count from.
+    for role in ("prefill", "decode"):
+        assert value("pdfleet_drain_forced_total", role=role) is not None
+        assert value("pdfleet_drain_duration_seconds_count", role=role) is not None

@@ -21,6 +21,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from pdfleet.labels import WORKER_ROLES
+
 RECONCILE_DURATION = Histogram(
     "pdfleet_reconcile_duration_seconds",
     "Time of one reconcile pass of one InferenceService.",
@@ -70,6 +72,13 @@ DRAIN_FORCED = Counter(
     "Workers removed because their drain passed spec.drain.timeout.",
     ["role"],
 )
+# Both roles' drain series exist from the start at zero. Drains are rare, often the first of
+# their role in the process's life, and a series born at 1 has no earlier sample for rate()
+# or increase() to count from: the dashboard would never show that drain, nor
+# PdfleetDrainForced fire on the first forced one.
+for _role in WORKER_ROLES:
+    DRAIN_DURATION.labels(role=_role)
+    DRAIN_FORCED.labels(role=_role)
 
 # Per-service series carry the same label names as the worker series the scrape configuration
 # produces (namespace, pdfleet_service, pdfleet_role), so alerts and dashboards join them
