@@ -186,6 +186,8 @@ class Controller:
             # upgrade): report, do not retry in a loop, touch no child.
             message = "; ".join(error_paths(error))[:2000]
             new = invalid_status(previous, meta.get("generation"), message, now)
+            # Exported as every pass's status is: PdfleetServiceStalled reads Stalled from it.
+            metrics.export_status(namespace, name, new)
             return self._write_status(body, previous, new, "InvalidSpec", message)
 
         # What this pass plans from: the indexes, with our own writes laid over a lagging index
@@ -231,6 +233,7 @@ class Controller:
                 new = invalid_status(
                     previous, meta.get("generation"), message, now, reason=CHILD_REJECTED
                 )
+                metrics.export_status(namespace, name, new)
                 return self._write_status(body, original, new, CHILD_REJECTED, message)
             memory.remember(child_ref(outcome or manifest))
         writes = len(child_plan.apply) + len(child_plan.delete)

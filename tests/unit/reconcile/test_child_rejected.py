@@ -2,7 +2,9 @@
 
 Free-form parts of a spec (nodeSelector keys, affinity, env sources) are checked by the API
 server only when the StatefulSet built from them is written. The pass must end normally, so
-the work queue does not retry it in a loop, and must say which child and why.
+the work queue does not retry it in a loop, and must say which child and why. The Stalled
+condition reaches the operator's metrics too, as it does for a stored spec that no longer
+validates: PdfleetServiceStalled reads it there.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from typing import Any
 
 import pytest
 
+from pdfleet import metrics
 from pdfleet.controller import Controller, rejection_message
 from pdfleet.kube.errors import APIError
 from pdfleet.reconcile.observed import Observed
 from tests.spec_cases import sample
 from tests.unit.fakes import Writer
-from tests.unit.operator_metrics import counted, labels
+from tests.unit.operator_metrics import counted, labels, value
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 REFUSALS = {
@@ -61,6 +64,7 @@ def _conditions(status: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
 
 @pytest.mark.parametrize("code", [400, 403, 422, 500])
 def test_a_refused_child_stalls_the_service_with_one_event(code: int) -> None:
+    metrics.forget_service("ns", "llama-8b")
     writer = RefusingWriter(code)
     with counted("pdfleet_reconcile_errors_total") as errors:
         result = Controller(writer, clock=lambda: NOW).reconcile(_body(), Observed())
@@ -72,12 +76,29 @@ def test_a_refused_child_stalls_the_service_with_one_event(code: int) -> None:
     message = next(c["message"] for c in writer.last_status["conditions"] if c["type"] == "Ready")
     assert message == f"StatefulSet llama-8b-prefill: {REFUSALS[code]}"
     assert [c for c in writer.calls if c[0] == "event"] == [("event", "ChildRejected")]
+    assert _stalled_series() == 1.0
 
     # The next pass (a resync) finds the same refusal: no status write, no second Event.
     again = RefusingWriter(code)
     Controller(again, clock=lambda: NOW).reconcile(_body(writer.last_status), Observed())
     assert ("status", None) not in again.calls
     assert not [c for c in again.calls if c[0] == "event"]
+
+
+def test_a_stored_spec_that_no_longer_validates_is_exported_as_stalled() -> None:
+    metrics.forget_service("ns", "llama-8b")
+    body = _body()
+    body["spec"]["decode"]["replicas"]["min"] = -1  # e.g. stored before a CRD upgrade
+    writer = Writer()
+    Controller(writer, clock=lambda: NOW).reconcile(body, Observed())
+    assert _conditions(writer.last_status)["Stalled"] == ("True", "InvalidSpec")
+    assert _stalled_series() == 1.0
+
+
+def _stalled_series() -> float | None:
+    return value(
+        "pdfleet_service_condition", namespace="ns", pdfleet_service="llama-8b", condition="Stalled"
+    )
 
 
 def test_a_transient_error_still_raises_for_a_retry() -> None:
