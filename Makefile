@@ -12,7 +12,9 @@ NETNS := e2e/platform/netns.sh
 # kube-apiserver, vllm-router and Prometheus.
 INTEGRATION_TESTS := tests/integration/chart tests/integration/cluster tests/integration/router \
 	tests/integration/prometheus tests/integration/preflight
-E2E_TESTS := tests/e2e/bridge
+# The fleet on the process bridge; the chart's dashboard and alerts against its Prometheus
+# (helm renders the rules, so the toolchain is all they need).
+E2E_TESTS := tests/e2e/bridge tests/e2e/observability
 # Long scenario proofs on the local cluster (autoscaling under a load shift, the short fault
 # suite): part of `make test`; their latency bounds assume the machine is not shared with
 # other runs. The drain cycles run on their own (`make test-drain`): one of their drains

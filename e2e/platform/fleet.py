@@ -28,7 +28,7 @@ from e2e.platform.bridge import Bridge, BridgeSettings
 from e2e.platform.cluster import REPO_ROOT, Cluster, wait_until
 from e2e.platform.loadgen import OK, LoadRun, Phase, Record, arrivals
 from e2e.platform.operator_process import OperatorProcess
-from e2e.platform.prometheus import Prometheus, start_for_cluster
+from e2e.platform.prometheus import Prometheus, operator_job, start_for_cluster
 from e2e.platform.service import apply_crds
 from pdfleet import labels
 
@@ -36,6 +36,9 @@ from pdfleet import labels
 FLEET_FILE = REPO_ROOT / "e2e" / "scenarios" / "demo-fleet.yaml"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 METRICS_AVAILABLE = "MetricsAvailable"
+#: The namespace the operator's scrape target is labelled with: the chart's release namespace
+#: (its ServiceMonitor's), which the chart's operator alerts select on.
+OPERATOR_NAMESPACE = "pdfleet-system"
 
 
 def fleet_manifest(prometheus_url: str, namespace: str, name: str = "demo") -> dict[str, Any]:
@@ -241,9 +244,12 @@ def running_fleet(
     keep: bool = False,
     progress: Callable[[str], None] = lambda _: None,
     ready_timeout_s: float = 180.0,
+    rule_files: Sequence[Path] = (),
 ) -> Iterator[Fleet]:
     """Prometheus, bridge, operator and the demo service, Ready; stopped on exit (unless
-    ``keep``). A namespace other than ``default`` is created and gets a bridge of its own."""
+    ``keep``). A namespace other than ``default`` is created and gets a bridge of its own.
+    Prometheus scrapes the workers (the shipped Kubernetes SD job) and the operator (as the
+    chart's ServiceMonitor does) and evaluates ``rule_files``."""
     core = client.CoreV1Api(api)
     with contextlib.ExitStack() as stack:
         apply_crds(cluster, api)
@@ -251,8 +257,18 @@ def running_fleet(
             cluster.create_namespace(namespace)
             if not keep:
                 stack.callback(_delete_namespace, core, namespace)
+        operator = OperatorProcess(
+            kubeconfig=cluster.kubeconfig,
+            log_path=operator_log or workdir / "operator.log",
+            resync_seconds=5.0,
+        )
         progress("starting Prometheus (Kubernetes service discovery) ...")
-        prometheus = start_for_cluster(cluster, workdir / "prometheus")
+        scrape_operator = operator_job(
+            f"127.0.0.1:{operator.metrics_port}", OPERATOR_NAMESPACE, operator.identity
+        )
+        prometheus = start_for_cluster(
+            cluster, workdir / "prometheus", extra_jobs=[scrape_operator], rule_files=rule_files
+        )
         if not keep:
             stack.callback(prometheus.stop)
         progress("starting the process bridge (simulated vLLM workers, real vllm-router) ...")
@@ -271,11 +287,7 @@ def running_fleet(
         if not keep:
             stack.callback(bridge.stop)
         progress("starting the operator ...")
-        operator = OperatorProcess(
-            kubeconfig=cluster.kubeconfig,
-            log_path=operator_log or workdir / "operator.log",
-            resync_seconds=5.0,
-        ).start()
+        operator.start()
         if not keep:
             stack.callback(operator.stop)
         operator.wait_healthy()

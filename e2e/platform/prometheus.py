@@ -85,15 +85,31 @@ def static_job(
     job_name: str = "pdfleet-static",
     scrape_interval_s: float = 1.0,
     metrics_path: str = "/metrics",
+    honor_labels: bool = False,
 ) -> Manifest:
     """A scrape job with fixed targets, one ``static_configs`` entry per target."""
-    return {
+    job: Manifest = {
         "job_name": job_name,
         "scrape_interval": duration(scrape_interval_s),
         "scrape_timeout": duration(scrape_interval_s),
         "metrics_path": metrics_path,
         "static_configs": [{"targets": [t.address], "labels": dict(t.labels)} for t in targets],
     }
+    if honor_labels:
+        job["honor_labels"] = True
+    return job
+
+
+def operator_job(
+    address: str, release_namespace: str, pod: str, scrape_interval_s: float = 1.0
+) -> Manifest:
+    """The operator's own ``/metrics`` at ``address``, labelled as the chart's ServiceMonitor
+    (or PodMonitor) has Prometheus label it: ``honor_labels``, so the per-service series keep
+    the service's ``namespace``, while the process-level ones (``pdfleet_leader``, the
+    reconcile series) get the release namespace, which the chart's alerts select on, and the
+    ``pod`` the dashboard's leader panel shows."""
+    target = StaticTarget(address, {"namespace": release_namespace, "pod": pod})
+    return static_job([target], "pdfleet-operator", scrape_interval_s, honor_labels=True)
 
 
 def shipped_kubernetes_sd_jobs(path: Path = KUBERNETES_SD_FILE) -> list[Manifest]:
@@ -129,9 +145,10 @@ def prometheus_config(
     jobs: Sequence[Manifest],
     scrape_interval_s: float = 1.0,
     evaluation_interval_s: float = 1.0,
+    rule_files: Sequence[Path] = (),
 ) -> Manifest:
-    """A whole ``prometheus.yml``: global intervals and the given scrape jobs."""
-    return {
+    """A whole ``prometheus.yml``: global intervals, the given scrape jobs and rule files."""
+    config: Manifest = {
         "global": {
             "scrape_interval": duration(scrape_interval_s),
             "scrape_timeout": duration(scrape_interval_s),
@@ -139,6 +156,9 @@ def prometheus_config(
         },
         "scrape_configs": [copy.deepcopy(j) for j in jobs],
     }
+    if rule_files:
+        config["rule_files"] = [str(f) for f in rule_files]
+    return config
 
 
 def listen_address(host: str, port: int) -> str:
@@ -168,6 +188,14 @@ def parse_vector(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         return [{"metric": {}, "value": data["result"]}]
     result: list[dict[str, Any]] = data.get("result") or []
     return result
+
+
+def parse_data(body: Mapping[str, Any]) -> Any:
+    """The ``data`` of any API answer (a range query's matrix, alerts, label values); raises
+    on an API error."""
+    if body.get("status") != "success":
+        raise PrometheusError(f"request failed: {body.get('errorType')}: {body.get('error')}")
+    return body.get("data")
 
 
 # ---------------------------------------------------------------------------------------
@@ -226,6 +254,7 @@ class PrometheusSettings:
     evaluation_interval_s: float = 1.0
     bin_dir: Path | None = None
     start_timeout_s: float = 30.0
+    rule_files: Sequence[Path] = ()
 
 
 class Prometheus:
@@ -251,7 +280,9 @@ class Prometheus:
         """Write the config, check it with promtool, start the server, wait until ready."""
         s = self.settings
         s.workdir.mkdir(parents=True, exist_ok=True)
-        config = prometheus_config(s.jobs, s.scrape_interval_s, s.evaluation_interval_s)
+        config = prometheus_config(
+            s.jobs, s.scrape_interval_s, s.evaluation_interval_s, s.rule_files
+        )
         self.config_file.write_text(yaml.safe_dump(config, sort_keys=False))
         check_config(self.config_file, self.bin_dir)
         self._launch("wb")
@@ -361,9 +392,13 @@ class Prometheus:
 
     # ----- HTTP API -------------------------------------------------------------------------
 
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        """An instant query; the samples as ``[{"metric": {...}, "value": [t, "v"]}]``."""
-        r = self._http.get("/api/v1/query", params={"query": promql})
+    def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
+        """An instant query, now or ``at`` (Unix seconds); the samples as
+        ``[{"metric": {...}, "value": [t, "v"]}]``."""
+        params: dict[str, str | float] = {"query": promql}
+        if at is not None:
+            params["time"] = at
+        r = self._http.get("/api/v1/query", params=params)
         if r.status_code >= 500:
             r.raise_for_status()
         body: dict[str, Any] = r.json()
@@ -375,6 +410,43 @@ class Prometheus:
         if len(result) != 1:
             return math.nan
         return float(result[0]["value"][1])
+
+    def query_range(
+        self, promql: str, start: float, end: float, step_s: float
+    ) -> list[dict[str, Any]]:
+        """A range query (what a Grafana time series panel sends); the series as
+        ``[{"metric": {...}, "values": [[t, "v"], ...]}]``."""
+        params: dict[str, str | float] = {
+            "query": promql,
+            "start": start,
+            "end": end,
+            "step": step_s,
+        }
+        r = self._http.get("/api/v1/query_range", params=params)
+        if r.status_code >= 500:
+            r.raise_for_status()
+        result: list[dict[str, Any]] = parse_data(r.json())["result"]
+        return result
+
+    def label_values(self, label: str, match: str) -> list[str]:
+        """Values of ``label`` on the series ``match`` selects (Grafana's ``label_values``)."""
+        r = self._http.get(f"/api/v1/label/{label}/values", params={"match[]": match})
+        values: list[str] = parse_data(r.json())
+        return values
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """``/api/v1/alerts``: every pending or firing alert of the loaded rules."""
+        r = self._http.get("/api/v1/alerts")
+        r.raise_for_status()
+        found: list[dict[str, Any]] = parse_data(r.json())["alerts"]
+        return found
+
+    def rule_groups(self) -> list[dict[str, Any]]:
+        """``/api/v1/rules``: the loaded rule groups, with each rule's health and last error."""
+        r = self._http.get("/api/v1/rules")
+        r.raise_for_status()
+        groups: list[dict[str, Any]] = parse_data(r.json())["groups"]
+        return groups
 
     def active_targets(self) -> list[dict[str, Any]]:
         """``/api/v1/targets``' active targets (labels after relabelling, health, lastError)."""
@@ -408,18 +480,24 @@ def start_kubernetes_sd(
     port: int = 0,
     namespaces: Sequence[str] = (),
     scrape_interval_s: float = 1.0,
+    extra_jobs: Sequence[Manifest] = (),
+    rule_files: Sequence[Path] = (),
 ) -> Prometheus:
     """Prometheus discovering pdfleet workers in the cluster of ``kubeconfig``.
 
     Uses the shipped ``kubernetes_sd.yaml`` job(s) with their relabelling unchanged; series
     carry ``namespace``, ``pdfleet_service``, ``pdfleet_role`` and ``pod``. Pod IPs must be
-    reachable from here (inside ``e2e/platform/netns.sh``).
+    reachable from here (inside ``e2e/platform/netns.sh``). ``extra_jobs`` (e.g.
+    :func:`operator_job`) are scraped beside them; ``rule_files`` are evaluated.
     """
     jobs = [
         kubernetes_sd_job(j, kubeconfig.resolve(), namespaces, scrape_interval_s)
         for j in shipped_kubernetes_sd_jobs()
     ]
-    return start(PrometheusSettings(workdir, jobs, host, port, scrape_interval_s))
+    settings = PrometheusSettings(
+        workdir, [*jobs, *extra_jobs], host, port, scrape_interval_s, rule_files=rule_files
+    )
+    return start(settings)
 
 
 def start_for_cluster(
@@ -428,9 +506,14 @@ def start_for_cluster(
     host: str = "127.0.0.1",
     port: int = 0,
     namespaces: Sequence[str] = (),
+    extra_jobs: Sequence[Manifest] = (),
+    rule_files: Sequence[Path] = (),
 ) -> Prometheus:
     """:func:`start_kubernetes_sd` against a running local cluster (``e2e.platform.cluster``)."""
-    return start_kubernetes_sd(cluster.kubeconfig, workdir, host, port, namespaces)
+    return start_kubernetes_sd(
+        cluster.kubeconfig, workdir, host, port, namespaces,
+        extra_jobs=extra_jobs, rule_files=rule_files,
+    )  # fmt: skip
 
 
 @contextlib.contextmanager
