@@ -160,8 +160,8 @@ test-image: $(STAMP) engine ## The worker image's Python environment, resolved f
 	$(PYTEST) $(IMAGE_TESTS)
 
 # Not in `make test`: on a 2-core machine the CPU engines generate a few tokens a second
-# and stall for seconds, so one of the tier's six tests runs past a timeout in most runs
-# (docs/real-engine.md).
+# and stall for seconds; even with waits derived from their measured pace, a run can end
+# with one of the tier's six tests past a wait (docs/real-engine.md).
 test-engine: test-image toolchain ## Real vLLM on the local cluster (~12 min), after test-image.
 	$(NETNS) $(PYTEST) $(ENGINE_TESTS)
 
