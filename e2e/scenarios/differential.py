@@ -353,7 +353,17 @@ def drain_answers(
 
     reader = threading.Thread(target=stream, daemon=True)
     reader.start()
-    wait_until(lambda: _running(url) > 0, timeout_s, f"a request running on {url}", interval_s=0.05)
+    try:
+        wait_until(
+            lambda: _running(url) > 0 or "status" in streamed,
+            timeout_s,
+            f"a request running on {url}",
+            interval_s=0.05,
+        )
+    except TimeoutError as err:
+        raise AssertionError(f"{err}; engine's /metrics: {_queue_counts(url)}") from err
+    # A stream that ended before it was seen running says why (a refusal, a cut).
+    assert "status" not in streamed, f"the stream to {url} ended before the drain: {streamed}"
     terminate()
     time.sleep(0.5)  # the signal handler runs before the next request is read
     answers: dict[str, Any] = {}
@@ -396,3 +406,11 @@ def _status(
 
 def _running(url: str) -> float:
     return sample_sum(httpx.get(f"{url}/metrics", timeout=5).text, "vllm:num_requests_running")
+
+
+def _queue_counts(url: str) -> dict[str, float]:
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    return {
+        name: sample_sum(text, f"vllm:{name}")
+        for name in ("num_requests_running", "num_requests_waiting", "request_success_total")
+    }
