@@ -179,23 +179,21 @@ def command_line(binary: Path, config_file: Path, tsdb_dir: Path, address: str) 
     ]
 
 
+def parse_data(body: Mapping[str, Any]) -> Any:
+    """The ``data`` of any API answer (a query's result, alerts, label values); raises on an
+    API error."""
+    if body.get("status") != "success":
+        raise PrometheusError(f"request failed: {body.get('errorType')}: {body.get('error')}")
+    return body.get("data")
+
+
 def parse_vector(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The samples of an instant query's JSON answer; raises on an API error."""
-    if body.get("status") != "success":
-        raise PrometheusError(f"query failed: {body.get('errorType')}: {body.get('error')}")
-    data = body.get("data") or {}
+    data = parse_data(body) or {}
     if data.get("resultType") == "scalar":
         return [{"metric": {}, "value": data["result"]}]
     result: list[dict[str, Any]] = data.get("result") or []
     return result
-
-
-def parse_data(body: Mapping[str, Any]) -> Any:
-    """The ``data`` of any API answer (a range query's matrix, alerts, label values); raises
-    on an API error."""
-    if body.get("status") != "success":
-        raise PrometheusError(f"request failed: {body.get('errorType')}: {body.get('error')}")
-    return body.get("data")
 
 
 # ---------------------------------------------------------------------------------------
@@ -392,17 +390,22 @@ class Prometheus:
 
     # ----- HTTP API -------------------------------------------------------------------------
 
+    def _get(self, path: str, params: Mapping[str, str | float] | None = None) -> Any:
+        """The JSON answer of a GET of the HTTP API. A server error raises as HTTP; an API
+        error comes as a 4xx with Prometheus' JSON error, which `parse_data` raises with
+        its message."""
+        r = self._http.get(path, params=params)
+        if r.status_code >= 500:
+            r.raise_for_status()
+        return r.json()
+
     def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
         """An instant query, now or ``at`` (Unix seconds); the samples as
         ``[{"metric": {...}, "value": [t, "v"]}]``."""
         params: dict[str, str | float] = {"query": promql}
         if at is not None:
             params["time"] = at
-        r = self._http.get("/api/v1/query", params=params)
-        if r.status_code >= 500:
-            r.raise_for_status()
-        body: dict[str, Any] = r.json()
-        return parse_vector(body)
+        return parse_vector(self._get("/api/v1/query", params))
 
     def scalar(self, promql: str) -> float:
         """The value of a one-sample answer; NaN when there is none (or several)."""
@@ -417,42 +420,32 @@ class Prometheus:
         """A range query (what a Grafana time series panel sends); the series as
         ``[{"metric": {...}, "values": [[t, "v"], ...]}]``."""
         params: dict[str, str | float] = {
-            "query": promql,
-            "start": start,
-            "end": end,
-            "step": step_s,
-        }
-        r = self._http.get("/api/v1/query_range", params=params)
-        if r.status_code >= 500:
-            r.raise_for_status()
-        result: list[dict[str, Any]] = parse_data(r.json())["result"]
+            "query": promql, "start": start, "end": end, "step": step_s
+        }  # fmt: skip
+        answer = self._get("/api/v1/query_range", params)
+        result: list[dict[str, Any]] = parse_data(answer)["result"]
         return result
 
     def label_values(self, label: str, match: str) -> list[str]:
         """Values of ``label`` on the series ``match`` selects (Grafana's ``label_values``)."""
-        r = self._http.get(f"/api/v1/label/{label}/values", params={"match[]": match})
-        values: list[str] = parse_data(r.json())
+        path = f"/api/v1/label/{label}/values"
+        values: list[str] = parse_data(self._get(path, {"match[]": match}))
         return values
 
     def alerts(self) -> list[dict[str, Any]]:
         """``/api/v1/alerts``: every pending or firing alert of the loaded rules."""
-        r = self._http.get("/api/v1/alerts")
-        r.raise_for_status()
-        found: list[dict[str, Any]] = parse_data(r.json())["alerts"]
+        found: list[dict[str, Any]] = parse_data(self._get("/api/v1/alerts"))["alerts"]
         return found
 
     def rule_groups(self) -> list[dict[str, Any]]:
         """``/api/v1/rules``: the loaded rule groups, with each rule's health and last error."""
-        r = self._http.get("/api/v1/rules")
-        r.raise_for_status()
-        groups: list[dict[str, Any]] = parse_data(r.json())["groups"]
+        groups: list[dict[str, Any]] = parse_data(self._get("/api/v1/rules"))["groups"]
         return groups
 
     def active_targets(self) -> list[dict[str, Any]]:
         """``/api/v1/targets``' active targets (labels after relabelling, health, lastError)."""
-        r = self._http.get("/api/v1/targets", params={"state": "active"})
-        r.raise_for_status()
-        targets: list[dict[str, Any]] = r.json()["data"]["activeTargets"]
+        answer = self._get("/api/v1/targets", {"state": "active"})
+        targets: list[dict[str, Any]] = parse_data(answer)["activeTargets"]
         return targets
 
 
