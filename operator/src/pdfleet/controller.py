@@ -186,8 +186,6 @@ class Controller:
             # upgrade): report, do not retry in a loop, touch no child.
             message = "; ".join(error_paths(error))[:2000]
             new = invalid_status(previous, meta.get("generation"), message, now)
-            # Exported as every pass's status is: PdfleetServiceStalled reads Stalled from it.
-            metrics.export_status(namespace, name, new)
             return self._write_status(body, previous, new, "InvalidSpec", message)
 
         # What this pass plans from: the indexes, with our own writes laid over a lagging index
@@ -233,7 +231,6 @@ class Controller:
                 new = invalid_status(
                     previous, meta.get("generation"), message, now, reason=CHILD_REJECTED
                 )
-                metrics.export_status(namespace, name, new)
                 return self._write_status(body, original, new, CHILD_REJECTED, message)
             memory.remember(child_ref(outcome or manifest))
         writes = len(child_plan.apply) + len(child_plan.delete)
@@ -250,7 +247,6 @@ class Controller:
 
         new = compute_status(isvc, observed, previous, replicas, now, writes)
         new, preflight_after = self._preflight(body, isvc, observed, new, now)
-        metrics.export_status(namespace, name, new)
         result = self._write_status(body, original, new, coalesce=True)
         if result.status_written:
             self._report_problems(body, original, new)
@@ -338,10 +334,12 @@ class Controller:
     ) -> PassResult:
         """Write `new` if it changed anything; with `coalesce`, a change that is only progress
         waits out the interval after the last write (STATUS_COALESCE_S, longer for a start-up
-        while many services start), and the pass asks to come back."""
+        while many services start), and the pass asks to come back. The operator's gauges
+        show `new` either way: the alerts read a service's conditions there."""
+        meta = body["metadata"]
+        metrics.export_status(meta["namespace"], meta["name"], new)
         if not status_changed(previous, new):
             return PassResult(0, 0, False)
-        meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         now = time.monotonic()
         ready = condition_status(new, READY) == "True"

@@ -210,7 +210,7 @@ def set_or_clear(gauge: Gauge, labels: tuple[str, ...], value: float) -> None:
         gauge.labels(*labels).set(value)
 
 
-def export_status(namespace: str, name: str, status: dict[str, Any]) -> None:
+def export_status(namespace: str, name: str, status: Mapping[str, Any]) -> None:
     """Mirror a service's status into the per-service gauges (pool sizes, conditions)."""
     POOL_REPLICAS.set(
         namespace,
