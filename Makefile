@@ -87,27 +87,27 @@ manifests: $(STAMP) ## Generate crds/, the chart's CRDs and docs/api.md from the
 	$(PY) -m pdfleet.api.crd charts/pdfleet/crds
 	$(PY) -m pdfleet.api.docs docs/api.md
 
-# Built into a temporary directory and renamed into place: a build stopped half-way, or two
-# at once, never leave a partial binary behind.
-$(ACTIONLINT):
+# $(call go_tool,BUILD): build a Go tool's binary into $(@D). BUILD writes it into "$$tmp",
+# a temporary directory renamed into place only when the build succeeded: a build stopped
+# half-way, or two at once, never leave a partial binary behind. The build waits for any
+# other Go build that holds GO_BUILD_LOCK.
+define go_tool
 	mkdir -p "$(dir $(@D))"
 	tmp=$$(mktemp -d "$(@D).XXXXXX") && chmod 755 "$$tmp" \
-	&& { GOTOOLCHAIN=local CGO_ENABLED=0 GOBIN="$$tmp" go install -trimpath \
-	       github.com/rhysd/actionlint/cmd/actionlint@v$(ACTIONLINT_VERSION) \
-	     || { rm -rf "$$tmp"; exit 1; }; } \
+	&& { GOTOOLCHAIN=local CGO_ENABLED=0 flock $(GO_BUILD_LOCK) $(1) || { rm -rf "$$tmp"; exit 1; }; } \
 	&& { mv -T "$$tmp" "$(@D)" 2>/dev/null || rm -rf "$$tmp"; } \
 	&& test -x "$@"
+endef
+
+$(ACTIONLINT):
+	$(call go_tool,env GOBIN="$$tmp" go install -trimpath \
+	  github.com/rhysd/actionlint/cmd/actionlint@v$(ACTIONLINT_VERSION))
 
 # The version is stamped so that `registry --version` names the pin, not `+unknown`.
 $(REGISTRY):
-	mkdir -p "$(dir $(@D))"
-	tmp=$$(mktemp -d "$(@D).XXXXXX") && chmod 755 "$$tmp" \
-	&& { GOTOOLCHAIN=local CGO_ENABLED=0 GOBIN="$$tmp" flock $(GO_BUILD_LOCK) go install -trimpath \
-	       -ldflags "-s -w -X github.com/distribution/distribution/v3/version.version=v$(REGISTRY_VERSION)" \
-	       github.com/distribution/distribution/v3/cmd/registry@v$(REGISTRY_VERSION) \
-	     || { rm -rf "$$tmp"; exit 1; }; } \
-	&& { mv -T "$$tmp" "$(@D)" 2>/dev/null || rm -rf "$$tmp"; } \
-	&& test -x "$@"
+	$(call go_tool,env GOBIN="$$tmp" go install -trimpath \
+	  -ldflags "-s -w -X github.com/distribution/distribution/v3/version.version=v$(REGISTRY_VERSION)" \
+	  github.com/distribution/distribution/v3/cmd/registry@v$(REGISTRY_VERSION))
 
 registry: $(REGISTRY) ## Build the OCI registry the chart's release test pushes to (cached outside the checkout).
 
@@ -117,13 +117,8 @@ registry-path:
 
 $(KSTATUS):
 	test -n "$(KSTATUS_VERSION)"
-	mkdir -p "$(dir $(@D))"
-	tmp=$$(mktemp -d "$(@D).XXXXXX") && chmod 755 "$$tmp" \
-	&& { GOTOOLCHAIN=local CGO_ENABLED=0 flock $(GO_BUILD_LOCK) go build -C $(KSTATUS_SRC) \
-	       -trimpath -buildvcs=false -ldflags "-s -w" -o "$$tmp/kstatus" . \
-	     || { rm -rf "$$tmp"; exit 1; }; } \
-	&& { mv -T "$$tmp" "$(@D)" 2>/dev/null || rm -rf "$$tmp"; } \
-	&& test -x "$@"
+	$(call go_tool,go build -C $(KSTATUS_SRC) -trimpath -buildvcs=false -ldflags "-s -w" \
+	  -o "$$tmp/kstatus" .)
 
 kstatus: $(KSTATUS) ## Build the kstatus program the integration tests compute health with (cached outside the checkout).
 
