@@ -21,6 +21,7 @@ from typing import Any
 
 from e2e.platform.cluster import REPO_ROOT
 from e2e.platform.tools import built_tool
+from pdfleet.reconcile.status import condition_status
 
 GITOPS_DOC = REPO_ROOT / "docs" / "gitops.md"
 TABLE_HEADER = "| state | kstatus | Argo CD | when |"
@@ -67,9 +68,7 @@ def kstatus(obj: Mapping[str, Any], binary: Path) -> Health:
 
 
 def _condition_true(status: Mapping[str, Any], kind: str) -> bool:
-    return any(
-        c.get("type") == kind and c.get("status") == "True" for c in status.get("conditions") or ()
-    )
+    return condition_status(status, kind) == "True"
 
 
 def table_state(obj: Mapping[str, Any]) -> str | None:
