@@ -1,13 +1,15 @@
 """What a decode simulator does with the kv_transfer_params it is given, as vLLM 0.33's pull
 decode does: which params it trusts, that it reads the given blocks one-sidedly (a stale
 request id is read all the same), that it dials the prefill's side channel once per remote
-engine, and what a failed transfer does under each kv_load_failure_policy. A prefill and a
-decode run in process, joined by an in-memory network instead of sockets."""
+engine, that it refuses a prefill whose compatibility hash differs from its own, and what a
+failed transfer does under each kv_load_failure_policy. A prefill and a decode run in process,
+joined by an in-memory network instead of sockets."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -15,11 +17,19 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from pdfleet_worker.sim.engine import KvState, Request, heartbeat_batches
 from pdfleet_worker.sim.kvparams import RemotePrefill, parse_remote_prefill
 from pdfleet_worker.sim.server import Sim
-from pdfleet_worker.sim.sidechannel import HttpKvPuller, data_plane_app, side_channel_app
+from pdfleet_worker.sim.sidechannel import (
+    HttpKvPuller,
+    data_plane_app,
+    incompatibility,
+    side_channel_app,
+)
 
 if TYPE_CHECKING:
     from tests.unit.worker.conftest import InProcess
@@ -65,6 +75,7 @@ class Pair:
     network: Network
     prefill: Sim
     prefill_client: httpx.AsyncClient
+    decode_sim: Sim
     decode_client: httpx.AsyncClient
 
     async def prefill_params(self) -> dict[str, Any]:
@@ -101,16 +112,18 @@ async def by_source(client: httpx.AsyncClient) -> dict[str, float]:
     return {s: await metric(client, name, source=s) for s in sources}
 
 
-async def start_pair(sims: InProcess, policy: str = "fail") -> Pair:
+async def start_pair(
+    sims: InProcess, policy: str = "fail", decode_flags: Sequence[str] = ()
+) -> Pair:
     network = Network()
     prefill, prefill_client = await sims.start(PREFILL)
     network.listen(SIDE_CHANNEL, side_channel_app(prefill.engine, *AGENT))
     network.listen(AGENT, data_plane_app(prefill.engine))
     config = _ktc("kv_consumer", kv_load_failure_policy=policy)
-    _, decode_client = await sims.start(
-        [*COMMON, "--kv-transfer-config", config], HttpKvPuller(transport=network)
+    decode_sim, decode_client = await sims.start(
+        [*COMMON, "--kv-transfer-config", config, *decode_flags], HttpKvPuller(transport=network)
     )
-    return Pair(network, prefill, prefill_client, decode_client)
+    return Pair(network, prefill, prefill_client, decode_sim, decode_client)
 
 
 def _without(key: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -298,3 +311,93 @@ async def test_a_heartbeat_extends_the_lease_of_the_kv_a_prefill_holds(sims: InP
     await puller.heartbeat(remote, [remote.request_id, "gone"])
     await puller.aclose()
     assert held.expires_at > lease_end
+
+
+# ----- the compatibility hash of the handshake ----------------------------------------------
+
+FAILED_TRANSFERS = "vllm:nixl_num_failed_transfers_total"
+# (decode flags besides the prefill's, outcome): vLLM hashes the model `vllm serve` loaded, its
+# dtype, the KV cache dtype and the KV shape; not the served name, nor the block size (checked
+# after the handshake, where P and D may differ).
+PAIRINGS = [
+    ("same launch", (), LOADED),
+    ("another served name", ("--served-model-name", "n"), LOADED),
+    ("another block size", ("--block-size", "32"), LOADED),
+    ("dtype bfloat16, the prefill's auto", ("--dtype", "bfloat16"), LOADED),
+    ("another model", ("--model", "other-llama"), FAILED),
+    ("another KV shape", ("--preset", "llama-3.1-70b-h200-tp4"), FAILED),
+    ("another KV cache dtype", ("--kv-cache-dtype", "fp8"), FAILED),
+    ("another dtype", ("--dtype", "float16"), FAILED),
+]
+
+
+@pytest.mark.parametrize(
+    ("decode_flags", "outcome"), [p[1:] for p in PAIRINGS], ids=[p[0] for p in PAIRINGS]
+)
+async def test_a_decode_reads_only_from_a_prefill_with_its_compatibility_hash(
+    sims: InProcess, decode_flags: tuple[str, ...], outcome: tuple[int, str]
+) -> None:
+    pair = await start_pair(sims, decode_flags=decode_flags)
+    assert await pair.decode(await pair.prefill_params()) == outcome
+    refused = outcome == FAILED
+    assert await metric(pair.decode_client, FAILED_TRANSFERS) == refused
+    # Refused at the handshake: not a block of the prefill was read.
+    assert pair.prefill.engine.stats.kv_served_reads == (not refused)
+
+
+async def test_a_refused_prefill_is_handshaken_again_and_recomputed_each_time(
+    sims: InProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    pair = await start_pair(sims, "recompute", ("--model", "other-llama"))
+    with caplog.at_level(logging.WARNING, logger="pdfleet.sim.engine"):
+        for _ in range(2):
+            assert await pair.decode(await pair.prefill_params()) == COMPUTED
+    assert await metric(pair.decode_client, FAILED_TRANSFERS) == 2
+    assert pair.prefill.engine.stats.kv_served_reads == 0
+    local, remote = (
+        pair.decode_sim.engine.config.compat_hash,
+        pair.prefill.engine.config.compat_hash,
+    )
+    assert local != remote
+    # One warning line per refused request, naming the remote engine and both hashes.
+    lines = [r.getMessage() for r in caplog.records if r.name == "pdfleet.sim.engine"]
+    assert len(lines) == 2
+    assert all(f"engine prefill-a. Local: {local}, Remote: {remote}." in line for line in lines)
+
+
+def _consumer(**extra: Any) -> tuple[str, str]:
+    return ("--kv-transfer-config", json.dumps({"kv_role": "kv_consumer", **extra}))
+
+
+async def test_enforce_handshake_compat_false_reads_from_another_model(sims: InProcess) -> None:
+    no_check = _consumer(kv_connector_extra_config={"enforce_handshake_compat": False})
+    pair = await start_pair(sims, decode_flags=("--model", "other-llama", *no_check))
+    assert await pair.decode(await pair.prefill_params()) == LOADED
+
+
+def _hashless_side_channel() -> Starlette:
+    """A prefill whose connector predates the hash: its answer has none."""
+
+    async def handshake(_: HttpRequest) -> JSONResponse:
+        agent = {"host": AGENT[0], "port": AGENT[1]}
+        return JSONResponse({"engine_id": "prefill-a", "agent": agent})
+
+    return Starlette(routes=[Route("/kv/handshake", handshake, methods=["POST"])])
+
+
+@pytest.mark.parametrize("enforce", [True, False])
+async def test_a_handshake_answer_without_a_hash_is_refused(sims: InProcess, enforce: bool) -> None:
+    flags = _consumer(kv_connector_extra_config={"enforce_handshake_compat": enforce})
+    pair = await start_pair(sims, decode_flags=flags)
+    pair.network.listen(SIDE_CHANNEL, _hashless_side_channel())
+    assert await pair.decode(await pair.prefill_params()) == FAILED
+    assert await metric(pair.decode_client, FAILED_TRANSFERS) == 1
+    assert pair.prefill.engine.stats.kv_served_reads == 0
+
+
+def test_incompatibility_names_both_hashes_and_the_engine() -> None:
+    assert incompatibility("h1", {"compatibility_hash": "h1"}, "p") is None
+    assert incompatibility(None, {"compatibility_hash": "h2"}, "p") is None
+    why = incompatibility("h1", {"compatibility_hash": "h2"}, "p")
+    assert why is not None and "engine p" in why and "h1" in why and "h2" in why
+    assert incompatibility(None, {}, "p") is not None

@@ -52,8 +52,9 @@ _FETCH_STAGE: dict[str, str] = {
 
 
 class PullError(Exception):
-    """The KV could not be read: no handshake (side channel unreachable, wrong engine id),
-    data plane unreachable, or block ids the prefill engine does not have."""
+    """The KV could not be read: no handshake (side channel unreachable, wrong engine id,
+    an incompatible prefill), data plane unreachable, or block ids the prefill engine does
+    not have."""
 
 
 class KvPuller(Protocol):
@@ -135,6 +136,11 @@ class EngineConfig:
     kv_load_failure_policy: str = "fail"
     kv_lease_s: float = 30.0
     max_model_len: int = 131072
+    # The NIXL compatibility hash this engine's handshake answers with and a decode compares
+    # (kvparams.compatibility_hash of the launch flags), and whether it compares
+    # (kv_connector_extra_config.enforce_handshake_compat, vLLM's default true).
+    compat_hash: str = ""
+    enforce_handshake_compat: bool = True
 
 
 @dataclass

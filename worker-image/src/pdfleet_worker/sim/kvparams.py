@@ -7,10 +7,13 @@ prefill half (`do_remote_decode`), a decode half that may pull KV from a prefill
 distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py: a decode request uses the
 remote KV when `remote_block_ids` is non-empty and the four remote fields are present (a
 None value counts as present); `tp_size` only decides whether the decode heartbeats.
+The compatibility hash a prefill's handshake answer carries is here too.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,3 +127,31 @@ def prefill_response_params(
         # Prompt tokens the prefill found in its prefix cache (none: the simulator has none).
         "remote_prefill_cached_tokens": cached_tokens,
     }
+
+
+# vLLM's --dtype "auto" takes the model's own dtype; every preset models a BF16 checkpoint.
+MODEL_DTYPES = {
+    "auto": "bfloat16",
+    "half": "float16",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "float": "float32",
+    "float32": "float32",
+}
+
+
+def compatibility_hash(model: str, dtype: str, cache_dtype: str, kv_bytes_per_token: int) -> str:
+    """The NIXL compatibility hash of an engine (vLLM: nixl/metadata.py,
+    compute_nixl_compatibility_hash), from the factors the simulator has: the model as
+    `vllm serve` loaded it (not the served name), its resolved dtype, the KV cache dtype as
+    given, and the preset's KV bytes per token standing for the layers, KV heads and head size.
+    Left out as vLLM leaves them out: block size, TP size and KV layout, which vLLM checks
+    after the handshake and may differ; left out as the simulator has none: the vLLM and
+    connector versions, the attention backend, the hybrid allocator and speculative config."""
+    factors = {
+        "model": model,
+        "dtype": MODEL_DTYPES.get(dtype, dtype),
+        "cache_dtype": cache_dtype,
+        "kv_bytes_per_token": kv_bytes_per_token,
+    }
+    return hashlib.sha256(json.dumps(factors, sort_keys=True).encode()).hexdigest()

@@ -35,7 +35,12 @@ from pdfleet_worker.perfmodel import PRESETS, PerfModel, preset
 from pdfleet_worker.sim import openai
 from pdfleet_worker.sim.engine import Engine, EngineConfig, Finished, KvPuller, Token
 from pdfleet_worker.sim.engine import Request as EngineRequest
-from pdfleet_worker.sim.kvparams import parse_remote_prefill, wants_remote_decode
+from pdfleet_worker.sim.kvparams import (
+    MODEL_DTYPES,
+    compatibility_hash,
+    parse_remote_prefill,
+    wants_remote_decode,
+)
 from pdfleet_worker.sim.metrics import CONTENT_TYPE, EngineMetrics
 from pdfleet_worker.sim.sidechannel import HttpKvPuller, data_plane_app, side_channel_app
 from pdfleet_worker.sim.tokens import count_text_tokens
@@ -378,6 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--max-num-batched-tokens", type=int)
     p.add_argument("--block-size", type=int)
+    # Modelled only in the NIXL compatibility hash, which refuses a prefill that differs.
+    p.add_argument("--dtype", default="auto", choices=sorted(MODEL_DTYPES))
+    p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--num-gpu-blocks-override", type=int)
     p.add_argument(
         "--default-output-tokens",
@@ -420,14 +428,16 @@ def cache_info(model: PerfModel, args: argparse.Namespace) -> dict[str, str]:
     page has more, renamed from release to release; nothing in pdfleet reads them)."""
     return {
         "block_size": str(model.block_size),
-        "cache_dtype": "auto",
+        "cache_dtype": args.kv_cache_dtype,
         "enable_prefix_caching": "False",
         "num_gpu_blocks": str(model.kv_capacity_blocks),
         "num_gpu_blocks_override": str(args.num_gpu_blocks_override),
     }
 
 
-def config_from_args(args: argparse.Namespace, model_name: str) -> EngineConfig:
+def config_from_args(
+    args: argparse.Namespace, model_name: str, compat_hash: str = ""
+) -> EngineConfig:
     ktc: dict[str, Any] = dict(args.kv_transfer_config or {})
     extra = ktc.get("kv_connector_extra_config") or {}
     lease = args.kv_lease_duration
@@ -444,6 +454,8 @@ def config_from_args(args: argparse.Namespace, model_name: str) -> EngineConfig:
         kv_load_failure_policy=str(ktc.get("kv_load_failure_policy", "fail")),
         kv_lease_s=lease,
         max_model_len=args.max_model_len,
+        compat_hash=compat_hash,
+        enforce_handshake_compat=bool(extra.get("enforce_handshake_compat", True)),
     )
 
 
@@ -466,7 +478,13 @@ def build_sim(args: argparse.Namespace, puller: KvPuller | None = None) -> Sim:
         kv_role=kv_role_from_args(args),
         cache_info=cache_info(model, args),
     )
-    engine = Engine(model, config_from_args(args, model_name), metrics, puller)
+    compat = compatibility_hash(
+        model_path or model_name, args.dtype, args.kv_cache_dtype, model.kv_bytes_per_token
+    )
+    config = config_from_args(args, model_name, compat)
+    if isinstance(puller, HttpKvPuller) and config.enforce_handshake_compat:
+        puller.compat_hash = config.compat_hash  # the decode compares the prefill's with its own
+    engine = Engine(model, config, metrics, puller)
     return Sim(engine, model_name, args.default_output_tokens, model_path)
 
 

@@ -9,10 +9,12 @@ prefill, and renews leases with "HB:" notifications. The simulator keeps that to
 every sim serves a side channel on its side-channel port and a data plane on an ephemeral
 port, and a decode sim really calls the prefill sim named in the params, so a prefill that
 holds blocks, a dead prefill or an expired lease behave as they would with vLLM, and a side
-channel that goes away after the handshake changes nothing.
+channel that goes away after the handshake changes nothing. As vLLM's, the handshake answer
+carries the prefill's compatibility hash, and a decode whose own differs refuses it: no READ,
+a failed transfer.
 
 Side channel:
-    POST /kv/handshake                              -> {"engine_id", "agent": {"host", "port"}}
+    POST /kv/handshake            -> {"engine_id", "agent": {"host", "port"}, "compatibility_hash"}
     GET  /kv/held                                   -> {"held": {id: {...}}}  (not vLLM's)
 Data plane (the prefill engine's agent):
     POST /nixl/read      {"request_id", "block_ids"} -> {"num_blocks"} | 400 (no such block)
@@ -38,8 +40,11 @@ def side_channel_app(engine: Engine, agent_host: str, agent_port: int) -> Starle
     """The handshake listener of a prefill engine whose data plane is agent_host:agent_port."""
 
     async def handshake(_: Request) -> JSONResponse:
+        c = engine.config
         agent = {"host": agent_host, "port": agent_port}
-        return JSONResponse({"engine_id": engine.config.engine_id, "agent": agent})
+        return JSONResponse(
+            {"engine_id": c.engine_id, "agent": agent, "compatibility_hash": c.compat_hash}
+        )
 
     async def held(_: Request) -> JSONResponse:
         now = engine.now()
@@ -106,6 +111,29 @@ async def _json(request: Request) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
+def incompatibility(local_hash: str | None, answer: dict[str, Any], engine_id: str) -> str | None:
+    """Why a decode refuses a prefill's handshake answer (vLLM: _nixl_handshake, which raises
+    before it decodes the agent metadata), or None. `local_hash` None compares nothing
+    (enforce_handshake_compat false).
+
+    An answer without a hash is refused even then: vLLM decodes the answer as a
+    NixlHandshakePayload, whose compatibility_hash is required, so the payload of a connector
+    from before the hash fails to decode and the handshake fails."""
+    remote_hash = answer.get("compatibility_hash")
+    if not isinstance(remote_hash, str):
+        return (
+            f"handshake answer of engine {engine_id} has no compatibility_hash: "
+            "a NIXL connector of another version"
+        )
+    if local_hash is not None and remote_hash != local_hash:
+        return (
+            f"NIXL compatibility hash mismatch with engine {engine_id}. Local: {local_hash}, "
+            f"Remote: {remote_hash}. Prefill and decode instances have incompatible "
+            "configurations (model, dtype, KV cache dtype or shape)."
+        )
+    return None
+
+
 def _url(host: str, port: int, path: str) -> str:
     h = f"[{host}]" if ":" in host else host
     return f"http://{h}:{port}{path}"
@@ -113,13 +141,21 @@ def _url(host: str, port: int, path: str) -> str:
 
 class HttpKvPuller:
     """The decode side: handshakes once per remote engine id (as vLLM keys its remote
-    agents), then reads, notifies and heartbeats on that engine's data plane."""
+    agents), then reads, notifies and heartbeats on that engine's data plane. A refused
+    handshake is not remembered: the next request to that engine handshakes again.
+
+    `compat_hash` is the decode engine's own; `build_sim` sets it from the engine's config
+    (None: no hash is compared)."""
 
     def __init__(
-        self, timeout_s: float = 5.0, transport: httpx.AsyncBaseTransport | None = None
+        self,
+        timeout_s: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        compat_hash: str | None = None,
     ) -> None:
         self._client = httpx.AsyncClient(timeout=timeout_s, transport=transport)
         self.agents: dict[str, str] = {}  # remote engine id -> its data plane's base URL
+        self.compat_hash = compat_hash
 
     async def _post(self, url: str, body: dict[str, Any]) -> Any:
         try:
@@ -142,6 +178,9 @@ class HttpKvPuller:
             url = _url(str(agent["host"]), int(agent["port"]), "")
         except (KeyError, TypeError, ValueError) as err:
             raise PullError(f"malformed handshake answer {body!r}") from err
+        why = incompatibility(self.compat_hash, body, remote.engine_id)
+        if why is not None:
+            raise PullError(why)
         if engine_id != remote.engine_id:
             raise PullError(f"remote engine id {engine_id} is not {remote.engine_id}")
         self.agents[remote.engine_id] = url
