@@ -26,6 +26,7 @@ from pdfleet.autoscale.actuator import Autoscaler
 from pdfleet.drain.step import step as drain_step
 from pdfleet.kube.errors import APIError
 from pdfleet.kube.writer import Writer
+from pdfleet.preflight import plan as preflight_plan
 from pdfleet.preflight.step import step as preflight_step
 from pdfleet.reconcile.memory import RECENT_WRITE_S, Memories, Pass
 from pdfleet.reconcile.observed import (
@@ -35,7 +36,7 @@ from pdfleet.reconcile.observed import (
     index_lags,
     overlay,
 )
-from pdfleet.reconcile.plan import RenderCache, desired_replicas, plan, write_waves
+from pdfleet.reconcile.plan import RenderCache, desired_replicas, plan, plan_pools, write_waves
 from pdfleet.reconcile.status import (
     READY,
     compute_status,
@@ -48,6 +49,7 @@ from pdfleet.reconcile.status import (
     status_changed,
 )
 from pdfleet.render import Manifest, RenderConfig
+from pdfleet.rollout.plan import RolloutPlan
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,9 @@ STARTUP_COALESCE_MAX_S = 60.0
 # Child writes in flight at once, over all passes (the API client's connection pool is sized
 # for these, the passes' own status writes and the lease).
 WRITES_IN_FLIGHT = 8
+# While a paired rollout runs, a pass comes back at least this often: its deadline passes
+# with no watch event.
+ROLLOUT_POLL_S = 5.0
 # A child the API server refused for good (kube.errors.APIError.refused_for_good): the pass
 # reports it instead of raising, and the periodic resync tries again.
 CHILD_REJECTED = "ChildRejected"
@@ -201,8 +206,19 @@ class Controller:
             # come-back replaces the one before (kube.workqueue.WorkQueue.come_back).
             autoscale_after = self.autoscaler.come_back_s(isvc)
         this = Pass(body, isvc, observed, now, memory)
-        applied, requeue = drain_step(this, desired_replicas(isvc, previous), self.writer)
-        replicas, child_plan = plan(isvc, observed, previous, self.config, applied, self._rendered)
+        # The paired rollout places the revisions; the drain retires the old one's pods and
+        # holds shrinking pools at their size until their pods have drained.
+        desired = desired_replicas(isvc, previous)
+        rollout = plan_pools(isvc, observed, desired, preflight_plan.proven(isvc, previous))
+        drained = drain_step(this, rollout.pools, self.writer)
+        rollout = rollout.retired(drained.retired)
+        applied = {**drained.replicas}
+        applied.update((role, rollout.pools[role].replicas) for role in drained.retired)
+        requeue = drained.requeue_after_s
+        self._report_rollout(body, previous, rollout)
+        replicas, child_plan = plan(
+            isvc, observed, previous, self.config, applied, self._rendered, rollout
+        )
         planned = len(child_plan.apply) + len(child_plan.delete)
         if planned and not (original or {}).get("observedGeneration"):
             # A service's first status goes out before its children, so that its conditions
@@ -210,7 +226,7 @@ class Controller:
             # write a dozen children each. (kstatus reads it as InProgress before that too:
             # the CRD defaults status.observedGeneration to 0.) It is the status the end of
             # this pass would write, so that write is then skipped, not repeated.
-            first = compute_status(isvc, observed, previous, replicas, now, planned)
+            first = compute_status(isvc, observed, previous, replicas, now, planned, rollout)
             if self._write_status(body, original, first).status_written:
                 self._report_problems(body, original, first)
             original = first
@@ -245,14 +261,40 @@ class Controller:
             )
             self._record_changes(body, previous, applied, child_plan.apply, observed)
 
-        new = compute_status(isvc, observed, previous, replicas, now, writes)
+        new = compute_status(isvc, observed, previous, replicas, now, writes, rollout)
         new, preflight_after = self._preflight(body, isvc, observed, new, now)
+        if rollout.rolling:
+            # Nothing in the objects changes when a new pod turns Ready or the router's roll
+            # ends beyond what the watches report; come back for what they cannot (the deadline).
+            rollout_after: float | None = ROLLOUT_POLL_S
+        else:
+            rollout_after = None
         result = self._write_status(body, original, new, coalesce=True)
         if result.status_written:
             self._report_problems(body, original, new)
-        pending = (requeue, autoscale_after, preflight_after, result.requeue_after_s)
+        pending = (requeue, autoscale_after, preflight_after, result.requeue_after_s, rollout_after)
         requeue = min((t for t in pending if t is not None), default=None)
         return PassResult(writes, len(child_plan.delete), result.status_written, requeue)
+
+    def _report_rollout(
+        self, body: Mapping[str, Any], previous: Mapping[str, Any] | None, rollout: RolloutPlan
+    ) -> None:
+        """An Event when a paired rollout starts, moves traffic, retires or ends."""
+        before = (previous or {}).get("rollout") or {}
+        phase = rollout.phase.value if rollout.rolling else None
+        same = before.get("revision", rollout.target) == rollout.target
+        if before.get("phase") == phase and same:
+            return
+        if phase is None:
+            if before:
+                self.writer.event(
+                    body, "RolloutComplete", f"Revision {rollout.target} serves alone"
+                )
+            return
+        message = f"{phase}: revision {rollout.target} (serving {rollout.router})"
+        if rollout.waiting:
+            message += f"; waiting for {rollout.waiting}"
+        self.writer.event(body, f"Rollout{phase}", message)
 
     def _report_problems(
         self, body: Mapping[str, Any], old: Mapping[str, Any] | None, new: Mapping[str, Any]

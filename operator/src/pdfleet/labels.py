@@ -30,6 +30,10 @@ ROLE_DECODE = "decode"
 ROLE_ROUTER = "router"
 WORKER_ROLES = (ROLE_PREFILL, ROLE_DECODE)
 
+# On worker pods (from their StatefulSet's template) and on the router's pods: the KV revision
+# (pdfleet.rollout.revision) the workers run, and the one the router pairs. A router pod selects
+# workers of its own revision only, so a prefill and a decode of different revisions never meet.
+KV_REVISION = f"{GROUP}/kv-revision"
 # Set on a worker pod while it is being drained (value: RFC 3339 start time).
 DRAINING = f"{GROUP}/draining"
 # Multus secondary networks for the RDMA fabric.

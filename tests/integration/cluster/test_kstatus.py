@@ -7,7 +7,8 @@ the row of docs/gitops.md's health table that the status is in (e2e/platform/hea
 
 The service goes through creation (the operator stopped, then started), Ready, a spec change,
 a scale-down (it serves while a worker drains: the one row on which the tools differ), a stall
-(a decode worker no node can hold, past a short spec.progressDeadline) and its fix. The GitOps
+(a decode worker no node can hold, past a short spec.progressDeadline) and its fix, and a
+paired rollout that cannot place its new revision (serving, then Stalled) and its revert. The GitOps
 helpers (the operator process, a server-side apply as Flux does it) are test_gitops.py's.
 """
 
@@ -108,10 +109,30 @@ class Reader:
 
 def manifest(namespace: str, **spec: Any) -> dict[str, Any]:
     """The user's file: the minimal sample, drains that give up after DRAIN_TIMEOUT (kwok's
-    pods run no engine and its router no router, so a drain always waits that long)."""
-    base = {"metadata": {"namespace": namespace}, "spec": {"drain": {"timeout": DRAIN_TIMEOUT}}}
+    pods run no engine and its router no router, so a drain always waits that long), and no
+    KV preflight (nothing listens in kwok's pods: a paired rollout would wait for a proof
+    that never comes)."""
+    base = {
+        "metadata": {"namespace": namespace},
+        "spec": {
+            "drain": {"timeout": DRAIN_TIMEOUT},
+            "kvTransfer": {"preflight": {"enabled": False}},
+        },
+    }
     wanted: dict[str, Any] = merge_patch(merge_patch(sample("minimal"), base), {"spec": spec})
     return wanted
+
+
+def recovered(apply_spec: Callable[..., None], reader: Reader, image: dict[str, Any]) -> Reading:
+    """The fix is the spec as it was: Current again once the workers are back."""
+    apply_spec(**image)
+    ready, seen = reader.until(lambda r: r.state == CURRENT, 120, "Ready after the fix")
+    assert STALLED not in seen[1:], seen
+    assert ready.obj["metadata"]["generation"] == ready.obj["status"]["observedGeneration"]
+    decode = ready.obj["status"]["decode"]
+    assert (decode["ready"], decode["replicas"], decode["pending"]) == (1, 1, 0), decode
+    assert ready.kstatus == Health("Current", "Resource is Ready")
+    return ready
 
 
 def test_kstatus_and_argocd_read_the_live_service_as_the_table_says(
@@ -149,7 +170,8 @@ def test_kstatus_and_argocd_read_the_live_service_as_the_table_says(
     assert set(seen) <= {STALE, PROGRESSING, CURRENT}, seen
     assert ready.kstatus == Health("Current", "Resource is Ready")
 
-    # A spec change: InProgress until the operator has observed it, and while the workers roll.
+    # A spec change: InProgress until the operator has observed it, and while the workers roll
+    # (a new image is a new KV revision: the old pods serve, Ready, until the new have taken over).
     operator.kill()
     image = {"engine": {"image": "example.com/worker:2"}}
     apply_spec(**image)
@@ -158,7 +180,8 @@ def test_kstatus_and_argocd_read_the_live_service_as_the_table_says(
     assert stale.kstatus.message.endswith("generation is 2, but latest observed generation is 1")
     operator.start().wait_healthy()
     ready, seen = reader.until(is_state(CURRENT), 90, "Ready at generation 2")
-    assert set(seen) <= {STALE, PROGRESSING, CURRENT}, seen
+    assert set(seen) <= {STALE, PROGRESSING, SERVING_WHILE_RECONCILING, CURRENT}, seen
+    assert "rollout" not in ready.obj["status"], ready.obj["status"]
 
     # A scale-down: the pool serves with one decoder while the other drains. kstatus reads
     # Reconciling first (InProgress), Argo CD's script Ready first (Healthy).
@@ -177,9 +200,11 @@ def test_kstatus_and_argocd_read_the_live_service_as_the_table_says(
     assert set(seen) <= {SERVING_WHILE_RECONCILING, PROGRESSING, CURRENT}, seen
     assert ready.obj["status"]["decode"]["replicas"] == 1
 
-    # A stall: a decode worker of 16 GPUs, more than any node has. Before the deadline it is
-    # only reported (InsufficientCapacity, InProgress); past it, Failed.
-    apply_spec(**image, progressDeadline=DEADLINE, decode={"parallelism": {"tensor": 8, "data": 2}})
+    # A stall: decode workers no node can hold (a node label none has; not a KV change, so
+    # the pool rolls in place). Before the deadline it is only reported
+    # (InsufficientCapacity, InProgress); past it, Failed.
+    nowhere = {"nodeSelector": {"example.com/no-such-pool": "true"}}
+    apply_spec(**image, progressDeadline=DEADLINE, decode=nowhere)
     unplaced, _ = reader.until(
         lambda r: (
             r.state == PROGRESSING
@@ -196,12 +221,26 @@ def test_kstatus_and_argocd_read_the_live_service_as_the_table_says(
     assert f"spec.progressDeadline {DEADLINE}" in cause["message"]
     assert stalled.kstatus == Health("Failed", cause["message"])
     assert stalled.argocd["status"] == "Degraded"
+    recovered(apply_spec, reader, image)
 
-    # The fix is the spec as it was: Current again once the workers are back.
-    apply_spec(**image)
-    ready, seen = reader.until(is_state(CURRENT), 120, "Ready after the fix")
-    assert STALLED not in seen[1:], seen
-    assert ready.obj["metadata"]["generation"] == ready.obj["status"]["observedGeneration"]
-    decode = ready.obj["status"]["decode"]
-    assert (decode["ready"], decode["replicas"], decode["pending"]) == (1, 1, 0), decode
-    assert ready.kstatus == Health("Current", "Resource is Ready")
+    # A paired rollout that cannot place its new decode (16 GPUs, more than any node has):
+    # the old revision serves (Ready, Reconciling: InProgress for kstatus, Healthy for Argo
+    # CD) until the deadline, then the rollout is Stalled (Failed, Degraded).
+    apply_spec(**image, progressDeadline=DEADLINE, decode={"parallelism": {"tensor": 8, "data": 2}})
+    surging, _ = reader.until(
+        lambda r: (
+            r.state == SERVING_WHILE_RECONCILING
+            and condition(r.obj, "InsufficientCapacity").get("status") == "True"
+        ),
+        60,
+        "a rollout waiting for capacity while the old revision serves",
+    )
+    assert surging.obj["status"]["rollout"]["phase"] == "Surging"
+    assert (surging.kstatus.status, surging.argocd["status"]) == ("InProgress", "Healthy")
+    stalled, seen = reader.until(is_state(STALLED), 90, "the rollout Stalled past the deadline")
+    cause = condition(stalled.obj, "Stalled")
+    assert cause["reason"] == "RolloutStalled", cause
+    assert stalled.kstatus == Health("Failed", cause["message"])
+    assert stalled.argocd["status"] == "Degraded"
+    ready = recovered(apply_spec, reader, image)
+    assert "rollout" not in ready.obj["status"], ready.obj["status"]

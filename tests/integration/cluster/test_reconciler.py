@@ -195,13 +195,25 @@ def test_production_sample_places_pools_on_their_gpu_types(
 def test_image_change_rolls_the_statefulsets_and_delete_removes_children(
     api_client: Any, namespace: str, operator: OperatorProcess
 ) -> None:
-    create_isvc(api_client, namespace, sample("minimal"))
-    wait_ready(api_client, namespace, "llama-8b")
+    # kwok's pods run no engine: no preflight listener to prove the new revision's pair, and
+    # drains that wait out their timeout.
+    quiet = {"kvTransfer": {"preflight": {"enabled": False}}, "drain": {"timeout": "5s"}}
+    create_isvc(api_client, namespace, merge_patch(sample("minimal"), {"spec": quiet}))
+    first = wait_ready(api_client, namespace, "llama-8b")
     before = {p.metadata.name: p.metadata.uid for p in pods(api_client, namespace, "llama-8b")}
     patch_isvc(
         api_client, namespace, "llama-8b", {"spec": {"engine": {"image": "example.com/worker:2"}}}
     )
-    obj = wait_ready(api_client, namespace, "llama-8b")
+
+    def rolled() -> dict[str, Any] | None:
+        obj = get_isvc(api_client, namespace, "llama-8b")
+        status = obj.get("status") or {}
+        revisions = [r["revision"] for r in status.get("revisions", [])]
+        new = status.get("revision") not in (None, first["status"]["revision"])
+        done = new and "rollout" not in status and revisions == [status["revision"]]
+        return obj if done and condition(obj, "Ready").get("status") == "True" else None
+
+    obj = wait_for(rolled, 120, "the paired rollout to the new image to complete")
     assert obj["status"]["observedGeneration"] == 2
     workers = [
         p

@@ -267,3 +267,29 @@ def test_a_finished_drain_stays_done_whatever_a_later_reading_says() -> None:
     again = [pod(D, 0), pod(D, 1, draining=1)]
     step = plan_drain(D, 1, 2, again, {"svc-decode-1": IDLE}, NOW, TIMEOUT, PORT, finished=finished)
     assert kinds(step.actions) == [("Finished", "svc-decode-1")]
+
+
+def test_positions_count_from_the_statefulsets_start() -> None:
+    """After a paired rollout the first ordinal is no longer 0: 4 -> 2 drains the top two."""
+    pods = [pod(D, ordinal) for ordinal in range(5, 9)]
+    plan = plan_drain(D, 2, 4, pods, {}, NOW, TIMEOUT, PORT, start=5)
+    assert kinds(plan.actions) == [("Mark", "svc-decode-7"), ("Mark", "svc-decode-8")]
+    assert plan.replicas == 4 and not plan.retired
+
+
+def test_retiring_pods_drain_from_the_bottom_and_report_when_all_have_gone() -> None:
+    """A rollout's old revision: positions below `retire` drain like any removed pod (no router
+    lists them any more), the pool keeps its size, and `retired` says when the start may move."""
+    old = [pod(D, 0, draining=5), pod(D, 1)]
+    new = [pod(D, 2), pod(D, 3)]
+    loads = {"svc-decode-0": IDLE}
+    plan = plan_drain(D, 4, 4, [*old, *new], loads, NOW, TIMEOUT, PORT, retire=2)
+    assert plan.stages == {"svc-decode-0": Stage.DONE, "svc-decode-1": Stage.MARKED}
+    assert plan.replicas == 4 and not plan.retired
+    marked = [pod(D, 0, draining=5), pod(D, 1, draining=3)]
+    loads = {"svc-decode-0": IDLE, "svc-decode-1": BUSY_ENGINE}
+    assert not plan_drain(D, 4, 4, [*marked, *new], loads, NOW, TIMEOUT, PORT, retire=2).retired
+    loads["svc-decode-1"] = IDLE
+    done = plan_drain(D, 4, 4, [*marked, *new], loads, NOW, TIMEOUT, PORT, retire=2)
+    assert done.retired and done.replicas == 4
+    assert needs_io(4, 4, new, retire=2)

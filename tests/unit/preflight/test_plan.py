@@ -73,9 +73,12 @@ def test_retry_after_the_last_attempt_only_for_a_run_that_could_not_measure() ->
         {"spec": {"kvTransfer": {"preflight": {"promptTokens": 8192}}}},
         {"spec": {"prefill": {"parallelism": {"tensor": 2}}}},
         {"metadata": {"annotations": {labels.PREFLIGHT_RERUN: "again"}}},
+        {"spec": {"model": {"name": "another-model"}}},
     ],
 )
-def test_fingerprint_follows_the_fabric_and_the_rerun_annotation(patch: dict[str, Any]) -> None:
+def test_fingerprint_follows_the_fabric_revision_and_rerun_annotation(
+    patch: dict[str, Any],
+) -> None:
     assert plan.fingerprint(_service(patch)) != plan.fingerprint(_service())
     unrelated = _service({"spec": {"decode": {"replicas": {"min": 1, "max": 7}}}})
     assert plan.fingerprint(unrelated) == plan.fingerprint(_service())
@@ -85,9 +88,39 @@ def test_pick_pair_takes_the_lowest_serving_pods() -> None:
     draining = replace(PREFILL, draining_since="2026-11-29T11:00:00Z")
     second = replace(PREFILL, name="llama-8b-prefill-1", ordinal=1, pod_ip="10.244.1.6")
     observed = Observed(pods=(draining, second, DECODE))
-    assert plan.pick_pair(observed) == (second, DECODE)
-    assert plan.pick_pair(Observed(pods=(DECODE,))) is None
-    assert plan.pick_pair(Observed(pods=(PREFILL, replace(DECODE, ready=False)))) is None
+    assert plan.pick_pair(observed, "r1") == (second, DECODE)
+    assert plan.pick_pair(Observed(pods=(DECODE,)), "r1") is None
+    assert plan.pick_pair(Observed(pods=(PREFILL, replace(DECODE, ready=False))), "r1") is None
+
+
+def test_pick_pair_pairs_pods_of_the_revision_asked() -> None:
+    """During a paired rollout the preflight proves the new revision before it serves."""
+    old = replace(PREFILL, kv_revision="r1")
+    new = replace(PREFILL, name="llama-8b-prefill-1", ordinal=1, kv_revision="r2")
+    decode_old = replace(DECODE, kv_revision="r1")
+    decode_new = replace(DECODE, name="llama-8b-decode-1", ordinal=1, kv_revision="r2")
+    observed = Observed(pods=(old, new, decode_old, decode_new))
+    assert plan.pick_pair(observed, "r2") == (new, decode_new)
+    assert plan.pick_pair(observed, "r1") == (old, decode_old)
+    assert plan.pick_pair(Observed(pods=(old, new, decode_old)), "r2") is None
+
+
+def test_a_pair_is_proven_by_a_measured_run_of_this_revision() -> None:
+    isvc = _service()
+    record = {"fingerprint": plan.fingerprint(isvc), "error": ""}
+
+    def status(reason: str, **changes: Any) -> dict[str, Any]:
+        condition = {"type": plan.KV_TRANSPORT_READY, "status": "False", "reason": reason}
+        return {"kvTransport": {**record, **changes}, "conditions": [condition]}
+
+    assert plan.proven(isvc, status("Measured"))
+    assert plan.proven(isvc, status("TCPFallback")), "slower, but KV moves"
+    assert not plan.proven(isvc, status("DataMismatch"))
+    assert not plan.proven(isvc, status("Measured", error="no listener"))
+    assert not plan.proven(isvc, status("Measured", fingerprint="of-another-revision"))
+    assert not plan.proven(isvc, None)
+    off = _service({"spec": {"kvTransfer": {"preflight": {"enabled": False}}}})
+    assert plan.proven(off, None)
 
 
 def test_request_for_the_decode_pod() -> None:

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from pdfleet.reconcile.observed import ChildRef, Observed, index_lags, overlay
+from pdfleet import labels
+from pdfleet.reconcile.observed import ChildRef, Observed, child_ref, index_lags, overlay, pod_info
 
 FRESH_S = 10.0
 STS = ChildRef("StatefulSet", "svc-decode", applied_hash="h1", replicas=4, generation=3)
@@ -47,3 +48,23 @@ def test_overlay_lays_only_lagging_writes_over_the_index() -> None:
     result = overlay(observed, written, FRESH_S)
     assert result.child("StatefulSet", "svc-decode") == WRITTEN
     assert result.child("Deployment", "svc-router") == router
+
+
+def test_a_statefulset_in_a_paired_rollout_shows_its_start_partition_and_revision() -> None:
+    """What the rollout plan reads back from the objects (pdfleet.rollout.plan)."""
+    sts = {
+        "kind": "StatefulSet",
+        "metadata": {"name": "svc-decode", "generation": 7},
+        "spec": {
+            "replicas": 4,
+            "ordinals": {"start": 3},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 2}},
+            "template": {"metadata": {"labels": {labels.KV_REVISION: "r2"}}},
+        },
+    }
+    ref = child_ref(sts)
+    assert (ref.replicas, ref.ordinals_start, ref.partition, ref.kv_revision) == (4, 3, 2, "r2")
+    plain = child_ref({"kind": "StatefulSet", "metadata": {"name": "s"}, "spec": {"replicas": 1}})
+    assert (plain.ordinals_start, plain.partition, plain.kv_revision) == (0, 0, None)
+    pod = pod_info({"metadata": {"name": "svc-decode-5", "labels": {labels.KV_REVISION: "r1"}}})
+    assert (pod.ordinal, pod.kv_revision) == (5, "r1")

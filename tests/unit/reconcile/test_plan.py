@@ -46,10 +46,12 @@ def test_unchanged_service_plans_no_write() -> None:
     assert child_plan.unchanged == len(observed.children)
 
 
-def test_changed_image_rewrites_only_the_statefulsets() -> None:
+def test_changed_worker_resources_rewrite_only_the_statefulsets() -> None:
+    """Not a KV change (tests/unit/rollout has those): the router keeps its revision."""
     isvc = _service()
     observed = _as_observed(render_children(isvc, desired_replicas(isvc, None)))
-    changed = _service({"spec": {"engine": {"image": "example.com/worker:2"}}})
+    more_memory = {"resources": {"requests": {"memory": "99Gi"}}}
+    changed = _service({"spec": {"prefill": more_memory, "decode": more_memory}})
     _, child_plan = plan(changed, observed, None)
     assert sorted(m["metadata"]["name"] for m in child_plan.apply) == [
         "llama-8b-decode",

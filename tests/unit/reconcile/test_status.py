@@ -17,6 +17,7 @@ from pdfleet.reconcile.status import (
     progress_only,
     status_changed,
 )
+from pdfleet.rollout.plan import Phase, RolloutPlan
 from tests.spec_cases import sample
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -253,3 +254,41 @@ def test_the_status_the_runtime_builds_is_what_the_crd_admits() -> None:
         InferenceServiceStatus.model_validate(
             {**status, "prefill": {**status["prefill"], "spare": 1}}
         )
+
+
+def test_a_paired_rollout_serves_ready_reports_its_revisions_and_stalls_past_the_deadline() -> None:
+    """While the old revision serves, the service stays Ready and Reconciling says RollingOut;
+    status.revisions counts each revision's pods; past spec.progressDeadline (10m) since the
+    rollout began it is Stalled=True, RolloutStalled, with the pods' own cause."""
+    new = [
+        _pod("prefill", 1, kv_revision="r2", ready=False, unready_since="2026-11-29T11:58:00Z"),
+        _pod("decode", 1, kv_revision="r2"),
+    ]
+    old = [_pod("prefill", 0, kv_revision="r1"), _pod("decode", 0, kv_revision="r1")]
+    surging = _sts("prefill", replicas=2, updated=1, generation=2)
+    observed = _observed(
+        [*old, *new], prefill=surging, decode=_sts("decode", replicas=2, updated=1, generation=2)
+    )
+    rollout = RolloutPlan(Phase.SURGING, "r2", "r1", waiting="revision r2: prefill 0/1 ready")
+    status = compute_status(_service(), observed, None, DESIRED, NOW, 0, rollout)
+    assert _conditions(status)["Ready"] == ("True", "Serving")
+    assert _conditions(status)["Reconciling"] == ("True", "RollingOut")
+    assert _conditions(status)["Stalled"][0] == "False"
+    assert status["revision"] == "r2"
+    assert status["revisions"] == [
+        {"revision": "r1", "prefill": 1, "decode": 1, "serving": True},
+        {"revision": "r2", "prefill": 1, "decode": 1, "serving": False},
+    ]
+    assert status["rollout"]["phase"] == "Surging"
+    assert status["rollout"]["startedTime"] == "2026-11-29T12:00:00Z"
+    InferenceServiceStatus.model_validate(status)
+    later = compute_status(_service(), observed, status, DESIRED, NOW + timedelta(minutes=11), 0,
+                           rollout)  # fmt: skip
+    stalled = next(c for c in later["conditions"] if c["type"] == "Stalled")
+    assert (stalled["status"], stalled["reason"]) == ("True", "RolloutStalled")
+    assert "revision r1 keeps serving" in stalled["message"]
+    assert "llama-8b-prefill-1" in stalled["message"], "the pod's own cause is appended"
+    assert later["rollout"]["startedTime"] == "2026-11-29T12:00:00Z"
+    done = compute_status(_service(), _observed(new), later, DESIRED, NOW, 0,
+                          RolloutPlan(Phase.STABLE, "r2", "r2"))  # fmt: skip
+    assert "rollout" not in done

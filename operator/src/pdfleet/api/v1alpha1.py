@@ -933,6 +933,32 @@ class KVTransportStatus(ApiModel):
     error: str = Field("", description="Why the run failed, when it did.")
 
 
+class RevisionStatus(ApiModel):
+    """The pods of one KV revision (everything that decides whether KV moves between a
+    prefill and a decode: docs/upgrade.md)."""
+
+    revision: str = Field(description="The KV revision (the pods' pdfleet.dev/kv-revision).")
+    prefill: int = Field(0, description="Prefill pods of this revision.")
+    decode: int = Field(0, description="Decode pods of this revision.")
+    serving: bool = Field(
+        False, description="The router pairs this revision's pods (never two revisions)."
+    )
+
+
+class RolloutStatus(ApiModel):
+    """A revision-paired rollout in progress."""
+
+    phase: Literal["Surging", "MovingTraffic", "Retiring", "Reverting"] = Field(
+        description="Surging (the new revision starts beside the old, which serves), "
+        "MovingTraffic (the router moves to the new revision), Retiring (the old drains), "
+        "Reverting (the spec went back before traffic moved; the new pods go)."
+    )
+    revision: str = Field(description="The revision being rolled out (the spec's).")
+    serving_revision: str = Field(description="The revision the router pairs now.")
+    started_time: str | None = Field(None, description="When this rollout began (RFC 3339).")
+    message: str = Field("", description="What the rollout waits for.")
+
+
 class InferenceServiceStatus(ApiModel):
     """Observed state, written by the operator once per reconcile pass."""
 
@@ -952,6 +978,13 @@ class InferenceServiceStatus(ApiModel):
         None, description="The latest KV transport preflight."
     )
     endpoint: str | None = Field(None, description="URL clients send requests to.")
+    revision: str | None = Field(None, description="The spec's KV revision.")
+    revisions: list[RevisionStatus] = Field(
+        default_factory=list, description="The KV revisions pods run, and which one serves."
+    )
+    rollout: RolloutStatus | None = Field(
+        None, description="The revision-paired rollout in progress, if any."
+    )
 
 
 class ObjectMeta(ApiModel):

@@ -110,6 +110,9 @@ class DrainPlan:
     actions: list[Action] = field(default_factory=list)
     stages: dict[str, Stage] = field(default_factory=dict)
     """Stage of every pod the drain is about (for logs and tests)."""
+    retired: bool = False
+    """Every pod retiring (`plan_drain`'s `retire`) is DONE: the StatefulSet's start may
+    move past them."""
 
     @property
     def active(self) -> bool:
@@ -132,11 +135,12 @@ def worker_url(pod: PodInfo, port: int) -> str | None:
     return f"http://{pod.pod_ip}:{port}" if pod.pod_ip else None
 
 
-def needs_io(desired: int, current: int | None, pods: Sequence[PodInfo]) -> bool:
+def needs_io(desired: int, current: int | None, pods: Sequence[PodInfo], retire: int = 0) -> bool:
     """Whether this pool needs router/worker readings this pass. An idle pool needs none."""
     if current is None:
         return False
-    return desired < current or any(p.draining_since and not p.terminating for p in pods)
+    marked = any(p.draining_since and not p.terminating for p in pods)
+    return desired < current or retire > 0 or marked
 
 
 def _elapsed_s(pod: PodInfo, now: datetime) -> float:
@@ -211,6 +215,8 @@ def plan_drain(
     port: int,
     url_of: Callable[[PodInfo], str | None] | None = None,
     finished: Set[tuple[str, str]] = frozenset(),
+    start: int = 0,
+    retire: int = 0,
 ) -> DrainPlan:
     """The next step of draining pool `role` from `current` down to `desired` replicas.
 
@@ -221,18 +227,23 @@ def plan_drain(
     whatever a later reading says. A pod index that lags, or a router that fails one read (its
     worker counts as registered again), must never hold a drained pod, or the pool would grow
     back to it and drain it a second time.
+
+    Positions count from the StatefulSet's first ordinal, `start`. `retire` drains the pods
+    at the lowest `retire` positions as well: a paired rollout's old revision, which goes by
+    raising the start once the plan says `retired` (pdfleet.rollout.plan).
     """
     url = url_of or (lambda p: worker_url(p, port))
     if current is None:
         return DrainPlan(replicas=desired)
-    by_ordinal = {p.ordinal: p for p in pods if p.role == role}
+    by_position = {p.ordinal - start: p for p in pods if p.role == role}
     actions: list[Action] = []
     stages: dict[str, Stage] = {}
-    pending_top = -1  # highest ordinal not yet DONE: the StatefulSet must keep it
-    stayers = [by_ordinal.get(ordinal) for ordinal in range(min(desired, current))]
+    pending_top = -1  # highest position not yet DONE: the StatefulSet must keep it
+    stayers = [by_position.get(position) for position in range(retire, min(desired, current))]
     serving = all(p is not None and serves(p) for p in stayers)
-    for ordinal in range(desired, current):
-        pod = by_ordinal.get(ordinal)
+    retired = True
+    for position in [*range(retire), *range(desired, current)]:
+        pod = by_position.get(position)
         if pod is None:
             continue
         if (pod.name, pod.draining_since or "") in finished:
@@ -241,11 +252,12 @@ def plan_drain(
         stage, steps = _victim(pod, loads.get(pod.name), url(pod), now, timeout_s, serving)
         stages[pod.name] = stage
         actions += steps
-        if stage is not Stage.DONE:
-            pending_top = max(pending_top, ordinal)
+        if stage is not Stage.DONE and position >= desired:
+            pending_top = max(pending_top, position)
+        retired = retired and (stage is Stage.DONE or position >= retire)
     returning = False
-    for ordinal in range(0, min(desired, current)):
-        pod = by_ordinal.get(ordinal)
+    for position in range(retire, min(desired, current)):
+        pod = by_position.get(position)
         if pod is None or not pod.draining_since:
             continue
         stage, steps = _returning(pod, loads.get(pod.name), url(pod))
@@ -256,7 +268,7 @@ def plan_drain(
     if returning and desired > current:
         # Reclaimed pods serve again before any new pod is added.
         replicas = current
-    return DrainPlan(replicas=replicas, actions=actions, stages=stages)
+    return DrainPlan(replicas, actions, stages, retired=retire > 0 and retired)
 
 
 def marks_written(actions: Sequence[Action]) -> dict[str, str | None]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from pdfleet import httpclient, labels
 from pdfleet.api.types import parse_duration
@@ -22,6 +23,7 @@ from pdfleet.kube.writer import Writer
 from pdfleet.reconcile.memory import Pass
 from pdfleet.reconcile.observed import with_marks
 from pdfleet.render.common import child_name
+from pdfleet.rollout.plan import PoolLayout
 
 log = logging.getLogger(__name__)
 
@@ -33,25 +35,35 @@ REPORTED_KEEP_S = 3600.0
 DRAIN_POLL_S = 0.5
 
 
-def step(
-    this: Pass, desired: Mapping[str, int], writer: Writer
-) -> tuple[dict[str, int], float | None]:
-    """Replica counts to apply while pools drain, and when to come back.
+@dataclass(frozen=True)
+class DrainOutcome:
+    replicas: dict[str, int]
+    """The replica count to apply to each pool."""
+    retired: frozenset[str] = frozenset()
+    """Pools whose retiring pods (a paired rollout's old revision) have all drained."""
+    requeue_after_s: float | None = None
 
-    Router and worker HTTP happen only while a pool is shrinking or has marked pods: an
-    idle service costs no I/O and no API write here."""
+
+def step(this: Pass, layouts: Mapping[str, PoolLayout], writer: Writer) -> DrainOutcome:
+    """Replica counts to apply while pools drain, the pools whose old revision has drained,
+    and when to come back. `layouts` says what each pool should hold (pdfleet.rollout.plan).
+
+    Router and worker HTTP happen only while a pool is shrinking, retiring pods or has marked
+    pods: an idle service costs no I/O and no API write here."""
     body, isvc, now, memory = this.body, this.isvc, this.now, this.memory
     namespace = str(body["metadata"]["namespace"])
     observed = with_marks(this.observed, memory.recent_marks())
+    desired = {role: layout.replicas for role, layout in layouts.items()}
     applied = dict(desired)
+    retired: set[str] = set()
     active = {}
     for role in labels.WORKER_ROLES:
         ref = observed.child("StatefulSet", child_name(isvc, role))
         current = ref.replicas if ref is not None else None
-        if needs_io(desired[role], current, observed.pods_of(role)):
+        if needs_io(desired[role], current, observed.pods_of(role), layouts[role].retire):
             active[role] = current
     if not active:
-        return applied, None
+        return DrainOutcome(applied)
     router = isvc.spec.router
     ips = [
         p.pod_ip
@@ -84,14 +96,17 @@ def step(
         loads = read_loads(fleet, marked)
         for role, current in active.items():
             pods = observed.pods_of(role)
+            layout = layouts[role]
             drain = plan_drain(
                 role, desired[role], current, pods, loads, now, timeout_s, port,
-                finished=reported.keys(),
+                finished=reported.keys(), start=layout.start, retire=layout.retire,
             )  # fmt: skip
             outcome = execute(drain, role, namespace, body, writer, fleet)
             memory.remember_marks(marks_written(drain.actions))
             reported.update(((a.pod, a.since or ""), time.monotonic()) for a in outcome.finished)
             applied[role] = drain.replicas
+            if drain.retired:
+                retired.add(role)
             if drain.actions or drain.active:
                 requeue = DRAIN_POLL_S
                 waiting = {
@@ -115,4 +130,4 @@ def step(
     finally:
         fleet.close()
         memory.reported = reported
-    return applied, requeue
+    return DrainOutcome(applied, frozenset(retired), requeue)

@@ -21,6 +21,7 @@ from typing import Any, TypeGuard
 from pdfleet import labels
 from pdfleet.api.v1alpha1 import InferenceService, KVTransportStatus
 from pdfleet.reconcile.observed import Observed, PodInfo
+from pdfleet.rollout.revision import kv_revision
 from pdfleet_wire.preflight import DTYPE_BYTES, KVCacheShape, PreflightRequest, PreflightResult
 
 KV_TRANSPORT_READY = "KVTransportReady"
@@ -49,13 +50,22 @@ class Verdict:
         }
 
 
+# Verdicts that say KV cannot move between the pair, as opposed to moving slower or over
+# another path than asked: a paired rollout does not move traffic to a revision with one.
+BROKEN = frozenset(
+    {"DataMismatch", "PreflightFailed", "SideChannelAddress", "SideChannelUnreachable"}
+)
+
+
 def fingerprint(isvc: InferenceService) -> str:
     """What a measurement belongs to: the kvTransfer spec, the prefill's TP (it shards the
-    payload) and the rerun annotation; a change to any of them asks for a new run."""
+    payload), the KV revision (a paired rollout proves the new revision's pair before it
+    serves) and the rerun annotation; a change to any of them asks for a new run."""
     spec = isvc.spec
     data = {
         "kvTransfer": spec.kv_transfer.model_dump(mode="json", by_alias=True),
         "tp": spec.prefill.parallelism.tensor,
+        "revision": kv_revision(isvc),
         "rerun": isvc.metadata.annotations.get(labels.PREFLIGHT_RERUN, ""),
     }
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
@@ -134,17 +144,40 @@ def news(
     return fresh or before.get("reason") != verdict.reason
 
 
-def _serving(pods: list[PodInfo]) -> PodInfo | None:
+def proven(isvc: InferenceService, status: Mapping[str, Any] | None) -> bool:
+    """Whether KV moves between two pods of the spec's revision: the preflight for this
+    fingerprint measured with no broken verdict (or the preflight is off)."""
+    if not isvc.spec.kv_transfer.preflight.enabled:
+        return True
+    record = (status or {}).get("kvTransport") or {}
+    if record.get("fingerprint") != fingerprint(isvc) or record.get("error"):
+        return False
+    conditions = (status or {}).get("conditions") or []
+    reasons = [c.get("reason") for c in conditions if c.get("type") == KV_TRANSPORT_READY]
+    return not reasons or reasons[0] not in BROKEN
+
+
+def _ready(pods: list[PodInfo], revision: str) -> PodInfo | None:
     return next(
-        (p for p in pods if p.ready and p.pod_ip and not p.terminating and not p.draining_since),
+        (
+            p
+            for p in pods
+            if p.ready
+            and p.pod_ip
+            and not p.terminating
+            and not p.draining_since
+            # Pods made before revisions were labelled run the spec's.
+            and p.kv_revision in (revision, None)
+        ),
         None,
     )
 
 
-def pick_pair(observed: Observed) -> tuple[PodInfo, PodInfo] | None:
-    """(prefill, decode): the lowest-ordinal serving pod of each pool, the pair that stays."""
-    prefill = _serving(observed.pods_of(labels.ROLE_PREFILL))
-    decode = _serving(observed.pods_of(labels.ROLE_DECODE))
+def pick_pair(observed: Observed, revision: str) -> tuple[PodInfo, PodInfo] | None:
+    """(prefill, decode) of the KV revision `revision` (during a paired rollout, the new one,
+    before it serves): the lowest-ordinal ready pod of each pool, the pair that stays."""
+    prefill = _ready(observed.pods_of(labels.ROLE_PREFILL), revision)
+    decode = _ready(observed.pods_of(labels.ROLE_DECODE), revision)
     return (prefill, decode) if prefill and decode else None
 
 

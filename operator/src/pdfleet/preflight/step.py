@@ -20,6 +20,7 @@ from pdfleet.preflight import io, plan
 from pdfleet.reconcile.memory import Pass, PreflightRun
 from pdfleet.reconcile.observed import PodInfo
 from pdfleet.reconcile.status import READY, condition_status, merge_foreign_condition
+from pdfleet.rollout.revision import kv_revision
 from pdfleet_wire.preflight import failed
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ def step(
     if run is None or run.fingerprint != fingerprint:  # none in flight for this spec
         since = memory.since_preflight(fingerprint)
         ready = condition_status(status, READY) == "True"
-        pair = plan.pick_pair(observed)
+        pair = plan.pick_pair(observed, kv_revision(isvc))
         if pair is None or not plan.due(isvc, ready, record, since, fingerprint):
             return status, plan.retry_after_s(record, since)
         memory.preflight_tried = (fingerprint, time.monotonic())

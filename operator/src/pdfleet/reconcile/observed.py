@@ -68,6 +68,13 @@ class ChildRef:
     status_replicas: int = 0
     observed_generation: int = 0
     generation: int = 0
+    ordinals_start: int = 0
+    """A StatefulSet's spec.ordinals.start: its first pod's ordinal."""
+    partition: int = 0
+    """A StatefulSet's rolling-update partition: pods at positions below it keep the
+    previous revision (a surge of a paired rollout, pdfleet.rollout)."""
+    kv_revision: str | None = None
+    """The KV revision label of a workload's pod template (the router's: the one it pairs)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,8 @@ class PodInfo:
     None while it starts, runs, or waits for capacity."""
     unready_since: str | None = None
     """When its current spell of not being Ready began (RFC 3339); None while Ready."""
+    kv_revision: str | None = None
+    """Its KV revision label (pdfleet.rollout.revision); None on pods made before it."""
 
     @property
     def pending(self) -> bool:
@@ -138,6 +147,8 @@ def child_ref(obj: Mapping[str, Any]) -> ChildRef:
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     replicas = spec.get("replicas") if obj.get("kind") in ("StatefulSet", "Deployment") else None
+    template_labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
+    rolling = (spec.get("updateStrategy") or {}).get("rollingUpdate") or {}
     return ChildRef(
         kind=str(obj.get("kind")),
         name=str(meta.get("name")),
@@ -149,6 +160,9 @@ def child_ref(obj: Mapping[str, Any]) -> ChildRef:
         status_replicas=int(status.get("replicas") or 0),
         observed_generation=int(status.get("observedGeneration") or 0),
         generation=int(meta.get("generation") or 0),
+        ordinals_start=int((spec.get("ordinals") or {}).get("start") or 0),
+        partition=int(rolling.get("partition") or 0),
+        kv_revision=template_labels.get(labels.KV_REVISION),
     )
 
 
@@ -258,6 +272,7 @@ def pod_info(obj: Mapping[str, Any]) -> PodInfo:
         unschedulable=message,
         stuck=None if ready else pod_stuck(status, message, since),
         unready_since=since,
+        kv_revision=(meta.get("labels") or {}).get(labels.KV_REVISION),
     )
 
 

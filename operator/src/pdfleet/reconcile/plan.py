@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,9 @@ from pdfleet import labels
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.reconcile.observed import APPLIED_HASH, ChildRef, Observed
 from pdfleet.render import Manifest, RenderConfig, render_children
+from pdfleet.render.common import child_name
+from pdfleet.rollout.plan import PoolLayout, PoolState, RolloutPlan, plan_rollout
+from pdfleet.rollout.revision import kv_revision
 
 # Kinds the operator creates; anything of these kinds labelled for a service and not
 # desired any more is an orphan and gets deleted.
@@ -79,10 +82,13 @@ class ChildPlan:
     unchanged: int = 0
 
 
-def plan_children(stamped: Sequence[Manifest], observed: Observed) -> ChildPlan:
-    """`stamped`: the desired children, each carrying its hash (`with_hash`)."""
+def plan_children(
+    stamped: Sequence[Manifest], observed: Observed, held: Set[tuple[str, str]] = frozenset()
+) -> ChildPlan:
+    """`stamped`: the desired children, each carrying its hash (`with_hash`); `held`: those
+    left as they are this pass (wanted, so never deleted, but not written)."""
     wanted = {_key(manifest) for manifest in stamped}
-    apply = [m for m in stamped if needs_write(m, observed.child(*_key(m)))]
+    apply = [m for m in stamped if _key(m) not in held and needs_write(m, observed.child(*_key(m)))]
     delete = sorted(key for key in observed.children if key not in wanted)
     return ChildPlan(apply=apply, delete=delete, unchanged=len(stamped) - len(apply))
 
@@ -101,15 +107,23 @@ class RenderCache:
         self._last: dict[tuple[str, str], tuple[Hashable, list[Manifest]]] = {}
 
     def stamped(
-        self, isvc: InferenceService, counts: Mapping[str, int], config: RenderConfig | None
+        self,
+        isvc: InferenceService,
+        counts: Mapping[str, int],
+        config: RenderConfig | None,
+        layouts: Mapping[str, PoolLayout] | None = None,
+        router_revision: str | None = None,
     ) -> list[Manifest]:
         meta = isvc.metadata
         key = (str(meta.namespace), str(meta.name))
-        inputs = (meta.uid, meta.generation, tuple(sorted(counts.items())), config)
+        shape = tuple(sorted((r, (lay.start, lay.partition)) for r, lay in (layouts or {}).items()))
+        inputs = (meta.uid, meta.generation, tuple(sorted(counts.items())), config, shape,
+                  router_revision)  # fmt: skip
         cached = self._last.get(key)
         if cached is not None and cached[0] == inputs:
             return cached[1]
-        stamped = [with_hash(m) for m in render_children(isvc, counts, config)]
+        rendered = render_children(isvc, counts, config, layouts, router_revision)
+        stamped = [with_hash(m) for m in rendered]
         if meta.generation is not None:
             self._last[key] = (inputs, stamped)
         return stamped
@@ -135,6 +149,57 @@ def desired_replicas(isvc: InferenceService, status: Mapping[str, Any] | None) -
     return result
 
 
+def router_rolled(isvc: InferenceService, observed: Observed, revision: str) -> bool:
+    """Every live router pod pairs `revision`, and its Deployment has seen its latest spec."""
+    ref = observed.child("Deployment", child_name(isvc, labels.ROLE_ROUTER))
+    pods = [p for p in observed.pods_of(labels.ROLE_ROUTER) if not p.terminating]
+    if ref is None or ref.observed_generation < ref.generation or not pods:
+        return False
+    return all(p.kv_revision == revision for p in pods) and ref.updated_replicas >= (
+        ref.replicas or 0
+    )
+
+
+def plan_pools(
+    isvc: InferenceService,
+    observed: Observed,
+    desired: Mapping[str, int],
+    pair_proven: bool,
+) -> RolloutPlan:
+    """The paired rollout's step (pdfleet.rollout.plan) from what the StatefulSets, the
+    router and the pods show. `pair_proven`: the KV preflight passed between two pods of the
+    spec's revision, or is off."""
+    target = kv_revision(isvc)
+    pools: dict[str, PoolState | None] = {}
+    ready: dict[str, int] = {}
+    for role in labels.WORKER_ROLES:
+        ref = observed.child("StatefulSet", child_name(isvc, role))
+        pools[role] = (
+            None
+            if ref is None
+            else PoolState(ref.replicas or 0, ref.ordinals_start, ref.partition, ref.kv_revision)
+        )
+        ready[role] = sum(
+            1
+            for p in observed.pods_of(role)
+            if p.kv_revision == target and p.ready and not p.terminating and not p.draining_since
+        )
+    router = observed.child("Deployment", child_name(isvc, labels.ROLE_ROUTER))
+    serving = router.kv_revision if router is not None else None
+    return plan_rollout(
+        target,
+        pools,
+        serving,
+        serving is not None and router_rolled(isvc, observed, serving),
+        desired,
+        ready,
+        pair_proven,
+        {role: isvc.spec.role(role).gpus_per_replica for role in labels.WORKER_ROLES},
+        isvc.spec.autoscaling.gpu_budget if isvc.spec.autoscaling.enabled else None,
+        pinned=isvc.spec.router.type == "vllm-router",
+    )
+
+
 def plan(
     isvc: InferenceService,
     observed: Observed,
@@ -142,12 +207,21 @@ def plan(
     config: RenderConfig | None = None,
     applied: Mapping[str, int] | None = None,
     cache: RenderCache | None = None,
+    rollout: RolloutPlan | None = None,
 ) -> tuple[dict[str, int], ChildPlan]:
     """The desired replica counts and the child writes.
 
     `applied` overrides the counts written into the StatefulSets: while a pool drains
-    (pdfleet.drain) it stays at its current size until the drained pods may go."""
+    (pdfleet.drain) it stays at its current size until the drained pods may go. `rollout`
+    places a paired rollout's revisions (its held StatefulSets are not written)."""
     replicas = desired_replicas(isvc, status)
     counts = {**replicas, **(applied or {})}
-    stamped = (cache or RenderCache()).stamped(isvc, counts, config)
-    return replicas, plan_children(stamped, observed)
+    layouts = rollout.pools if rollout is not None else None
+    router = rollout.router if rollout is not None else None
+    stamped = (cache or RenderCache()).stamped(isvc, counts, config, layouts, router)
+    held = {
+        ("StatefulSet", child_name(isvc, role))
+        for role, layout in (layouts or {}).items()
+        if layout.hold
+    }
+    return replicas, plan_children(stamped, observed, held)

@@ -1,8 +1,9 @@
 """Compute the InferenceService status from what was observed: pure, written once per pass.
 
 Conditions follow kstatus: `Ready` (True when the fleet serves as specified), `Reconciling`
-(True while converging), `Stalled` (True when it cannot converge without help: a pod not Ready
-for longer than spec.progressDeadline, or a spec it cannot use). Specific conditions say why:
+(True while converging, `RollingOut` during a paired rollout), `Stalled` (True when it cannot
+converge without help: a pod not Ready for longer than spec.progressDeadline, a paired rollout
+past it (`RolloutStalled`), or a spec it cannot use). Specific conditions say why:
 `RouterReady`, `InsufficientCapacity` (pods the scheduler cannot place for want of nodes, with
 its message), `PodsStuck` (a pod that cannot start without help, by name and cause: an image
 it cannot pull, a crash loop, a volume, a missing network), `SpecValid` (what only the operator
@@ -12,16 +13,23 @@ can check).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
 from pdfleet import labels
 from pdfleet.api.types import parse_duration
-from pdfleet.api.v1alpha1 import Condition, InferenceService, RoleStatus
+from pdfleet.api.v1alpha1 import (
+    Condition,
+    InferenceService,
+    RevisionStatus,
+    RoleStatus,
+    RolloutStatus,
+)
 from pdfleet.reconcile.observed import Observed, PodInfo, Stuck, parse_time
 from pdfleet.render.common import child_name
 from pdfleet.render.router import endpoint
+from pdfleet.rollout.plan import RolloutPlan
 
 READY = "Ready"
 RECONCILING = "Reconciling"
@@ -211,22 +219,78 @@ def _pools_message(roles: Mapping[str, Mapping[str, Any]]) -> str:
     return ", ".join(f"{role} {s['ready']}/{s['desired']} ready" for role, s in roles.items())
 
 
+ROLLOUT_STALLED = "RolloutStalled"
+
+
+def revisions(observed: Observed, serving: str) -> list[dict[str, Any]]:
+    """status.revisions: the live worker pods of each KV revision, the serving one first."""
+    counts: dict[str, dict[str, int]] = {}
+    for pod in observed.pods:
+        if pod.role in labels.WORKER_ROLES and pod.kv_revision and not pod.terminating:
+            pools = counts.setdefault(pod.kv_revision, dict.fromkeys(labels.WORKER_ROLES, 0))
+            pools[pod.role] += 1
+    return [
+        RevisionStatus(revision=rev, serving=rev == serving, **pools).wire()
+        for rev, pools in sorted(counts.items(), key=lambda item: (item[0] != serving, item[0]))
+    ]
+
+
+def rollout_status(
+    isvc: InferenceService,
+    rollout: RolloutPlan,
+    previous: Mapping[str, Any] | None,
+    now: datetime,
+) -> tuple[dict[str, Any] | None, ConditionValue | None]:
+    """status.rollout, and Stalled=True once the rollout has waited longer than
+    spec.progressDeadline (the serving revision keeps serving meanwhile)."""
+    if not rollout.rolling:
+        return None, None
+    before = (previous or {}).get("rollout") or {}
+    started = before.get("startedTime") if before.get("revision") == rollout.target else None
+    started = started or now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    record = RolloutStatus(
+        phase=rollout.phase.value,  # type: ignore[arg-type]
+        revision=rollout.target,
+        serving_revision=rollout.router,
+        started_time=started,
+        message=f"waiting for {rollout.waiting}" if rollout.waiting else "",
+    ).wire()
+    deadline = isvc.spec.progress_deadline
+    if _age_s(started, now) < parse_duration(deadline):
+        return record, None
+    message = (
+        f"rollout to revision {rollout.target} past spec.progressDeadline {deadline}, waiting "
+        f"for {rollout.waiting}; revision {rollout.router} keeps serving"
+    )
+    return record, ConditionValue(STALLED, True, ROLLOUT_STALLED, message)
+
+
 def conditions(
     isvc: InferenceService,
     observed: Observed,
     roles: Mapping[str, Mapping[str, Any]],
     now: datetime,
     writes: int,
+    rollout: RolloutPlan | None = None,
+    rollout_stalled: ConditionValue | None = None,
 ) -> list[ConditionValue]:
+    """The conditions this module owns. During a paired rollout (`rollout`) the service is
+    Ready while the serving revision's pools are, Reconciling says RollingOut, and a rollout
+    past its deadline (`rollout_stalled`) is Stalled with the pods' own cause appended."""
+    rolling = rollout is not None and rollout.rolling
     router = _router_condition(isvc, observed)
     capacity = _capacity_condition(observed.pods)
     network = _network_problem(isvc, observed)
     pools_ready = all(s["ready"] >= max(1, s["desired"]) for s in roles.values())
     pools_settled = all(s["replicas"] == s["desired"] and not s["draining"] for s in roles.values())
-    ready = pools_ready and router.status and writes == 0 and rolled_out(isvc, observed)
+    converged = rolling or rolled_out(isvc, observed)
+    ready = pools_ready and router.status and writes == 0 and converged
     stuck = _stuck_condition(pod_causes(observed.pods, None), network, not pools_ready)
     causes = pod_causes(observed.pods, network)
     stalled = _stalled_condition(isvc, observed.pods, causes, capacity, now)
+    if rollout_stalled is not None:
+        why = f": {stalled.message}" if stalled is not None else ""
+        stalled = replace(rollout_stalled, message=rollout_stalled.message + why)
     if ready:
         ready_value = ConditionValue(READY, True, "Serving", _pools_message(roles))
     else:
@@ -241,6 +305,10 @@ def conditions(
         ready_value = ConditionValue(READY, False, reason, _pools_message(roles))
     if stalled is not None:
         reconciling = ConditionValue(RECONCILING, False, "Stalled", stalled.message)
+    elif rolling:
+        assert rollout is not None
+        message = f"{rollout.phase.value} to revision {rollout.target}: {rollout.waiting}"
+        reconciling = ConditionValue(RECONCILING, True, "RollingOut", message)
     elif not ready or not pools_settled:
         reconciling = ConditionValue(RECONCILING, True, "Progressing", _pools_message(roles))
     else:
@@ -301,11 +369,15 @@ def compute_status(
     desired: Mapping[str, int],
     now: datetime,
     writes: int,
+    rollout: RolloutPlan | None = None,
 ) -> dict[str, Any]:
     """The full status for this pass. Fields another writer owns (OTHER_WRITERS) are kept."""
     previous = dict(previous or {})
     roles = {role: role_status(observed.pods_of(role), desired[role]) for role in desired}
-    values = conditions(isvc, observed, roles, now, writes)
+    record, rollout_stalled = (
+        rollout_status(isvc, rollout, previous, now) if rollout is not None else (None, None)
+    )
+    values = conditions(isvc, observed, roles, now, writes, rollout, rollout_stalled)
     status: dict[str, Any] = {
         **{k: v for k, v in previous.items() if k in OTHER_WRITERS},
         "observedGeneration": isvc.metadata.generation,
@@ -318,6 +390,11 @@ def compute_status(
     url = endpoint(isvc)
     if url:
         status["endpoint"] = url
+    if rollout is not None:
+        status["revision"] = rollout.target
+        status["revisions"] = revisions(observed, rollout.router)
+    if record is not None:
+        status["rollout"] = record
     return status
 
 

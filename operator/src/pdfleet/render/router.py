@@ -24,16 +24,22 @@ from pdfleet.render.common import (
     quantity_map,
     selector_labels,
 )
+from pdfleet.rollout.revision import kv_revision
 
 ROUTER = labels.ROLE_ROUTER
+ROUTER_PRESTOP_S = 5
 
 
-def _selector_args(isvc: InferenceService, role: str) -> list[str]:
-    return [f"{key}={value}" for key, value in selector_labels(isvc, role).items()]
+def _selector_args(isvc: InferenceService, role: str, revision: str) -> list[str]:
+    """One pool's pods of one KV revision: a router pod never pairs two revisions."""
+    pods = {**selector_labels(isvc, role), labels.KV_REVISION: revision}
+    return [f"{key}={value}" for key, value in pods.items()]
 
 
-def router_args(isvc: InferenceService) -> list[str]:
-    """The vllm-router command line (flags as of 0.1.17)."""
+def router_args(isvc: InferenceService, revision: str | None = None) -> list[str]:
+    """The vllm-router command line (flags as of 0.1.17), pairing workers of `revision` (the
+    spec's KV revision unless a paired rollout pins the router to the one serving)."""
+    revision = revision or kv_revision(isvc)
     spec = isvc.spec
     router = spec.router
     interval = max(1, math.ceil(parse_duration(router.health_check_interval)))
@@ -49,8 +55,8 @@ def router_args(isvc: InferenceService) -> list[str]:
         "--service-discovery-namespace", str(isvc.metadata.namespace or "default"),
         # The --help default (80) differs from the docs (8000): always set it.
         "--service-discovery-port", str(spec.engine.port),
-        "--prefill-selector", *_selector_args(isvc, labels.ROLE_PREFILL),
-        "--decode-selector", *_selector_args(isvc, labels.ROLE_DECODE),
+        "--prefill-selector", *_selector_args(isvc, labels.ROLE_PREFILL, revision),
+        "--decode-selector", *_selector_args(isvc, labels.ROLE_DECODE, revision),
         # A dead worker gets requests until the checker notices: check often.
         "--health-check-interval-secs", str(interval),
         "--health-failure-threshold", "2",
@@ -58,15 +64,21 @@ def router_args(isvc: InferenceService) -> list[str]:
     ]  # fmt: skip
 
 
-def router_deployment(isvc: InferenceService, config: RenderConfig) -> Manifest:
+def router_deployment(
+    isvc: InferenceService, config: RenderConfig, revision: str | None = None
+) -> Manifest:
+    """The router, pairing workers of `revision` (router_args). A new revision rolls it with
+    no replica down (maxUnavailable 0): while it rolls, each request goes to a router pod of
+    one revision or the other, and is paired within it."""
     router = isvc.spec.router
+    revision = revision or kv_revision(isvc)
     name = child_name(isvc, ROUTER)
     probe_port = {"port": "http"}
     container: dict[str, Any] = {
         "name": "router",
         "image": router.image or config.router_image,
         "command": ["vllm-router"],
-        "args": router_args(isvc),
+        "args": router_args(isvc, revision),
         "ports": [
             {"name": "http", "containerPort": router.port, "protocol": "TCP"},
             {"name": "metrics", "containerPort": router.metrics_port, "protocol": "TCP"},
@@ -81,6 +93,10 @@ def router_deployment(isvc: InferenceService, config: RenderConfig) -> Manifest:
             "failureThreshold": 60,
         },
         "livenessProbe": {"httpGet": {"path": "/liveness", **probe_port}, "periodSeconds": 10},
+        # vllm-router closes its listener at SIGTERM (it finishes the streams it holds): a
+        # client that picked this replica just before its endpoint went would be refused.
+        # Going on listening a few seconds first lets every endpoint list drop it.
+        "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_PRESTOP_S}}},
         "readinessProbe": {"httpGet": {"path": "/readiness", **probe_port}, "periodSeconds": 5},
         "securityContext": {
             "runAsNonRoot": True,
@@ -110,8 +126,14 @@ def router_deployment(isvc: InferenceService, config: RenderConfig) -> Manifest:
         "spec": {
             "replicas": router.replicas,
             "selector": {"matchLabels": selector_labels(isvc, ROUTER)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+            },
             "template": {
-                "metadata": {"labels": common_labels(isvc, ROUTER)},
+                "metadata": {
+                    "labels": {**common_labels(isvc, ROUTER), labels.KV_REVISION: revision}
+                },
                 "spec": {
                     "serviceAccountName": name,
                     "enableServiceLinks": False,

@@ -26,6 +26,8 @@ from pdfleet.render.common import (
     quantity_map,
     selector_labels,
 )
+from pdfleet.rollout.plan import PoolLayout
+from pdfleet.rollout.revision import kv_revision
 
 MODEL_MOUNT = "/models"
 CACHE_MOUNT = "/cache"
@@ -271,18 +273,30 @@ def worker_pod_template(isvc: InferenceService, role: str, config: RenderConfig)
         pod_spec["affinity"] = pool.affinity
     if pool.priority_class_name:
         pod_spec["priorityClassName"] = pool.priority_class_name
-    template: Manifest = {"metadata": {"labels": common_labels(isvc, role)}, "spec": pod_spec}
+    pod_labels = {**common_labels(isvc, role), labels.KV_REVISION: kv_revision(isvc)}
+    template: Manifest = {"metadata": {"labels": pod_labels}, "spec": pod_spec}
     if annotations:
         template["metadata"]["annotations"] = annotations
     return template
 
 
 def worker_statefulset(
-    isvc: InferenceService, role: str, replicas: int, config: RenderConfig
+    isvc: InferenceService,
+    role: str,
+    replicas: int,
+    config: RenderConfig,
+    layout: PoolLayout | None = None,
 ) -> Manifest:
-    """A pool's StatefulSet. Scale-down removes the highest ordinals, which drain picks."""
+    """A pool's StatefulSet. Scale-down removes the highest ordinals, which drain picks.
+
+    `layout` places a paired rollout's two revisions in it (pdfleet.rollout.plan): the pods
+    below the partition keep theirs, and a raised `ordinals.start` has removed the old ones.
+    Both are left out at their defaults, so a pool that never rolled renders as before."""
     name = child_name(isvc, role)
-    return {
+    strategy: dict[str, Any] = {"type": "RollingUpdate"}
+    if layout is not None and layout.partition:
+        strategy["rollingUpdate"] = {"partition": layout.partition}
+    statefulset: Manifest = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
         "metadata": metadata(isvc, name, role),
@@ -292,10 +306,13 @@ def worker_statefulset(
             # Workers are independent: start and replace them in parallel, not one by one.
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": selector_labels(isvc, role)},
-            "updateStrategy": {"type": "RollingUpdate"},
+            "updateStrategy": strategy,
             "template": worker_pod_template(isvc, role, config),
         },
     }
+    if layout is not None and layout.start:
+        statefulset["spec"]["ordinals"] = {"start": layout.start}
+    return statefulset
 
 
 def headless_service(isvc: InferenceService, role: str) -> Manifest:
