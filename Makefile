@@ -13,8 +13,8 @@ NETNS := e2e/platform/netns.sh
 INTEGRATION_TESTS := tests/integration/chart tests/integration/cluster tests/integration/router \
 	tests/integration/prometheus tests/integration/preflight
 # The fleet on the process bridge; the chart's dashboard and alerts against its Prometheus
-# (helm renders the rules, so the toolchain is all they need).
-E2E_TESTS := tests/e2e/bridge tests/e2e/observability
+# (helm renders the rules, so the toolchain is all they need); paired rollouts under load.
+E2E_TESTS := tests/e2e/bridge tests/e2e/observability tests/e2e/rollout
 # Long scenario proofs on the local cluster (autoscaling under a load shift, the short fault
 # suite): part of `make test`; their latency bounds assume the machine is not shared with
 # other runs. The drain cycles run on their own (`make test-drain`): one of their drains

@@ -16,7 +16,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,12 +104,13 @@ class Load:
     """`clients` threads streaming completions until stopped (or `limit` results).
 
     With several routers, each client takes them in turn (starting at its own index), so
-    every router replica carries requests.
+    every router replica carries requests. `routers` may be a function that lists them
+    afresh for every request, as a Service's endpoints follow a router that rolls.
     """
 
     def __init__(
         self,
-        routers: str | Sequence[str],
+        routers: str | Sequence[str] | Callable[[], Sequence[str]],
         clients: int = 4,
         shape: Shape = Shape(),
         limit: int = 100_000,
@@ -117,9 +118,11 @@ class Load:
         timeout_s: float = 60.0,
         extra: Mapping[str, Any] | None = None,
     ):
-        self.urls = [
-            f"{r}/v1/completions" for r in ([routers] if isinstance(routers, str) else routers)
-        ]
+        if callable(routers):
+            self._routers: Callable[[], Sequence[str]] = routers
+        else:
+            fixed = [routers] if isinstance(routers, str) else list(routers)
+            self._routers = lambda: fixed
         self.shape, self.limit, self.model, self.timeout_s = shape, limit, model, timeout_s
         self.extra = dict(extra or {})
         self.results: list[Result] = []
@@ -134,7 +137,8 @@ class Load:
         n = seed
         with httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=2.0)) as http:
             while not self._stop.is_set() and len(self.results) < self.limit:
-                url = self.urls[n % len(self.urls)]
+                routers = self._routers()
+                url = f"{routers[n % len(routers)]}/v1/completions"
                 n += 1
                 result = stream_once(
                     http, url, rng.randint(*self.shape.prompt), rng.randint(*self.shape.output),

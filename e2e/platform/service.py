@@ -100,10 +100,7 @@ class Service:
         self.apps: Any = client.AppsV1Api(self.api)
 
     def scale(self, counts: Mapping[str, int]) -> None:
-        self.custom.patch_namespaced_custom_object(
-            labels.GROUP, labels.VERSION, self.namespace, labels.PLURAL, self.name,
-            replicas_patch(counts),
-        )  # fmt: skip
+        self.patch(replicas_patch(counts))
 
     def pods(self) -> list[dict[str, Any]]:
         resp = self.core.list_namespaced_pod(
@@ -126,6 +123,28 @@ class Service:
 
     def router(self) -> str:
         return f"http://{self.router_ip()}:{ENGINE_PORT}"
+
+    def routers(self) -> list[str]:
+        """The router replicas a Service would send a new connection to now: Ready and not
+        leaving (while the router rolls, the old and the new replicas)."""
+        return [
+            f"http://{p['status']['podIP']}:{ENGINE_PORT}"
+            for p in self.role_pods(labels.ROLE_ROUTER)
+            if is_ready(p)
+            and p["status"].get("podIP")
+            and not p["metadata"].get("deletionTimestamp")
+        ]
+
+    def patch(self, patch: Mapping[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(
+            labels.GROUP, labels.VERSION, self.namespace, labels.PLURAL, self.name, patch
+        )
+
+    def status(self) -> dict[str, Any]:
+        obj = self.custom.get_namespaced_custom_object(
+            labels.GROUP, labels.VERSION, self.namespace, labels.PLURAL, self.name
+        )
+        return dict(obj.get("status") or {})
 
     def statefulset_replicas(self, role: str) -> int | None:
         items = self.apps.list_namespaced_stateful_set(

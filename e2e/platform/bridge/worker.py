@@ -283,7 +283,13 @@ class PodWorker(threading.Thread):
         self.timeline["deleting"] = time.time()
         deadline = grace_deadline(self.pod, time.time())
         for c in self.containers:
-            hook = ((c.spec.get("lifecycle") or {}).get("preStop") or {}).get("exec")
+            pre_stop = (c.spec.get("lifecycle") or {}).get("preStop") or {}
+            pause = float((pre_stop.get("sleep") or {}).get("seconds") or 0)
+            if pause and c.running():
+                # kubelet's sleep action: the container keeps serving for that long.
+                time.sleep(max(0.0, min(pause, deadline - time.time())))
+                c.event(f"preStop slept {pause:g}s")
+            hook = pre_stop.get("exec")
             if hook and c.running():
                 t0 = time.time()
                 code, out = run_exec(
