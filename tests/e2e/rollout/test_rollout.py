@@ -146,17 +146,35 @@ def test_a_kv_change_under_load_pairs_one_revision_and_loses_nothing(
     assert reasons == {"RolloutSurging", "RolloutComplete"}, reasons
 
 
-def test_a_revision_that_never_becomes_ready_stalls_and_a_revert_removes_it(
-    service: Service,
+@pytest.mark.parametrize(
+    ("change", "revert", "waits_for"),
+    [
+        # vLLM refuses an unknown dtype at start, as the simulator does: every new pod exits.
+        pytest.param(
+            {"engine": {"extraArgs": ["--dtype=no-such-dtype"]}},
+            {"engine": {"extraArgs": None}},
+            "ready",
+            id="never-ready",
+        ),
+        # Ready pods, but UCX has no device to move KV over: the preflight fails between them.
+        pytest.param(
+            {"kvTransfer": {"fabric": {"ucx": {"netDevices": "pdfleet-no-such-nic"}}}},
+            {"kvTransfer": {"fabric": None}},
+            "preflight",
+            id="preflight-fails",
+        ),
+    ],
+)
+def test_a_revision_that_cannot_serve_stalls_and_a_revert_removes_it(
+    service: Service, change: dict[str, Any], revert: dict[str, Any], waits_for: str
 ) -> None:
-    """The new engine arguments make every new pod exit at start (vLLM refuses an unknown
-    dtype as the simulator does): the rollout stalls past spec.progressDeadline with the old
-    revision serving, and reverting the spec removes the new pods and leaves the old alone."""
+    """The rollout stalls past spec.progressDeadline with the old revision serving, and
+    reverting the spec removes the new pods and leaves the old alone."""
     old = service.status()["revision"]
     before = live_pods(service)
-    service.patch({"spec": {"progressDeadline": "20s"}})
+    service.patch({"spec": {"progressDeadline": "30s"}})
     with Load(service.routers, clients=2, shape=SHORT, timeout_s=60) as load:
-        service.patch({"spec": {"engine": {"extraArgs": ["--dtype=no-such-dtype"]}}})
+        service.patch({"spec": change})
         stalled = wait_until(
             lambda: (
                 c if (c := condition(service.status(), "Stalled")).get("status") == "True" else None
@@ -166,17 +184,17 @@ def test_a_revision_that_never_becomes_ready_stalls_and_a_revert_removes_it(
         )
         status = service.status()
         assert stalled["reason"] == "RolloutStalled", stalled
+        assert waits_for in stalled["message"], stalled["message"]
         assert status["rollout"]["servingRevision"] == old, status["rollout"]
         assert condition(status, "Ready").get("status") == "True", "the old revision serves"
         assert router_revisions(service) == {old}
         served_while_stalled = count(load.snapshot(), "ok")
-        service.patch({"spec": {"engine": {"extraArgs": None}, "progressDeadline": None}})
+        service.patch({"spec": {**revert, "progressDeadline": None}})
         phases = watch_rollout(service, finished(old), 240)
         time.sleep(2)
     results = load.snapshot()
     print(json.dumps({"phases": phases, "sent": len(results), "stalled": stalled}))
     assert not [r for r in results if r.outcome != "ok"], results[:5]
     assert served_while_stalled > 0
-    after = live_pods(service)
-    assert after == before, "the old revision's pods (and the router) were never replaced"
+    assert live_pods(service) == before, "the old revision's pods (and the router) stayed"
     assert condition(service.status(), "Stalled").get("status") == "False"

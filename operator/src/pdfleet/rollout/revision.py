@@ -8,9 +8,10 @@ the pods' and the router's. Pure.
 What goes in is what changes the KV cache or how it is moved: the model (weights and the
 length it is served at), the engine (image, vLLM version, engine and per-role arguments and
 environment, which can change the dtype, block size or attention backend: listing the few that
-cannot is not worth one wrong guess), the KV connector and its transport, and each role's
-parallel shape. Replica counts, resources, scheduling, the router, SLOs, autoscaling and drain
-settings leave it alone: a change to them rolls in place.
+cannot is not worth one wrong guess), the KV connector and its fabric (UCX transports and
+devices, RDMA resource, networks), and each role's parallel shape. Replica counts, resources,
+scheduling, the router, SLOs, autoscaling and drain settings leave it alone: a change to them
+rolls in place.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ def kv_inputs(isvc: InferenceService) -> dict[str, Any]:
             "connector": kv.connector,
             "backends": list(kv.backends),
             "bufferDevice": kv.buffer_device,
+            # The transports, devices and networks a pair reads KV over: peers that share
+            # none cannot move it.
+            "fabric": _dump(kv.fabric) if kv.fabric is not None else None,
         },
         "roles": {
             role: {
