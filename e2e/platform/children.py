@@ -22,6 +22,7 @@ from pdfleet.kube.api import KINDS
 from pdfleet.reconcile.observed import APPLIED_HASH
 from pdfleet.reconcile.plan import OWNED_KINDS, desired_replicas, with_hash
 from pdfleet.render import RenderConfig, render_children
+from pdfleet.rollout.plan import PoolLayout
 
 
 def get_isvc(api: Any, namespace: str, name: str) -> dict[str, Any]:
@@ -92,11 +93,24 @@ def convergence_problems(
         {"metadata": meta, "spec": obj.get("spec"), "status": None}
     )
     status = obj.get("status") or {}
+    counts = desired_replicas(isvc, status)
+    # A pool that went through a paired rollout starts at a later ordinal: the operator keeps
+    # that start, so the StatefulSet's own is part of what it renders.
+    starts = {
+        str(c["metadata"]["labels"].get(labels.ROLE)): int(
+            (c["spec"].get("ordinals") or {}).get("start") or 0
+        )
+        for c in children
+        if c["kind"] == "StatefulSet"
+    }
+    layouts = {role: PoolLayout(counts[role], starts.get(role, 0)) for role in counts}
     desired = {
         (m["kind"], m["metadata"]["name"]): m
-        for m in map(with_hash, render_children(isvc, desired_replicas(isvc, status), config))
+        for m in map(with_hash, render_children(isvc, counts, config, layouts))
     }
     problems: list[str] = []
+    if status.get("rollout"):
+        problems.append(f"rollout in progress: {status['rollout']}")
     if status.get("observedGeneration") != meta.get("generation"):
         problems.append(
             f"observedGeneration {status.get('observedGeneration')} != {meta.get('generation')}"

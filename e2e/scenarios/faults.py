@@ -141,7 +141,9 @@ def write_results(out: Path, outcomes: Sequence[Outcome]) -> list[Outcome]:
 
 def base_service(name: str, namespace: str) -> dict[str, Any]:
     """A minimal service whose forced drains end fast: the control-plane cluster's pods are
-    run by kwok, so no router answers the drain's in-flight reads."""
+    run by kwok, so no router answers the drain's in-flight reads. No KV preflight either:
+    nothing listens in kwok's pods, and a paired rollout (a change of engine args) would wait
+    for a proof that never comes."""
     return {
         "apiVersion": labels.API_VERSION,
         "kind": labels.KIND,
@@ -152,6 +154,7 @@ def base_service(name: str, namespace: str) -> dict[str, Any]:
             "prefill": {"replicas": {"min": 1, "max": 1}},
             "decode": {"replicas": {"min": 1, "max": 1}},
             "drain": {"timeout": "3s"},
+            "kvTransfer": {"preflight": {"enabled": False}},
         },
     }
 
