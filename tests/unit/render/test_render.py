@@ -10,9 +10,12 @@ from typing import Any
 import pytest
 import yaml
 
+from pdfleet import labels
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.reconcile.plan import desired_replicas
 from pdfleet.render import RenderConfig, render_children
+from pdfleet.render.router import router_deployment
+from pdfleet.rollout.plan import UNPINNED
 from pdfleet_worker.launcher import build_vllm_command, build_vllm_env
 from tests.spec_cases import merge_patch, sample, sample_names
 
@@ -211,3 +214,15 @@ def test_hub_token_is_a_secret_reference() -> None:
     patch = {"spec": {"model": {"source": {"hub": {"tokenSecretRef": {"name": "hf"}}}}}}
     env = _env(_worker(_service("minimal", patch), "prefill")["container"])
     assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+
+
+def test_an_unpinned_router_selects_workers_by_role_alone() -> None:
+    """While pods made before revision labels are left (pdfleet.rollout.plan.UNPINNED)."""
+    isvc = _service("minimal")
+    pinned = router_deployment(isvc, RenderConfig())["spec"]["template"]
+    unpinned = router_deployment(isvc, RenderConfig(), UNPINNED)["spec"]["template"]
+    assert labels.KV_REVISION in pinned["metadata"]["labels"]
+    assert labels.KV_REVISION not in unpinned["metadata"]["labels"]
+    args = unpinned["spec"]["containers"][0]["args"]
+    assert not any(a.startswith(labels.KV_REVISION) for a in args), args
+    assert any(a.startswith(labels.KV_REVISION) for a in pinned["spec"]["containers"][0]["args"])

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import pytest
 
 from pdfleet.rollout.plan import (
+    UNPINNED,
     Phase,
     PoolLayout,
     PoolState,
@@ -41,10 +42,11 @@ def step(
     proven: bool = True,
     budget: int | None = None,
     pinned: bool = True,
+    unlabelled: int = 0,
 ) -> RolloutPlan:
     return plan_rollout(
         target, states, router, router_rolled, dict(zip(ROLES, desired, strict=True)),
-        dict(zip(ROLES, ready, strict=True)), proven, ONE_GPU, budget, pinned,
+        dict(zip(ROLES, ready, strict=True)), proven, ONE_GPU, budget, pinned, unlabelled,
     )  # fmt: skip
 
 
@@ -162,3 +164,13 @@ def test_the_autoscaler_during_a_surge_resizes_the_new_pools_only_within_the_bud
     assert fitted.pools["prefill"].partition == 1 and fitted.pools["decode"].partition == 2
     new = {role: layout.replicas - layout.partition for role, layout in fitted.pools.items()}
     assert sum(new.values()) + 3 <= 8 and new["decode"] >= new["prefill"] >= 1, new
+
+
+def test_pools_made_before_revision_labels_keep_an_unpinned_router_until_all_have_rolled() -> None:
+    """Pinned at once, the router would select none of the old pods while they roll in place
+    to gain the label: an outage on the operator's upgrade."""
+    labelled_templates = pools((1, 2), "r1")
+    rolling = step("r1", labelled_templates, None, unlabelled=2)
+    assert rolling.phase is Phase.STABLE and rolling.router == UNPINNED
+    assert step("r1", pools((1, 2), None), None, unlabelled=3).router == UNPINNED
+    assert step("r1", labelled_templates, None, unlabelled=0).router == "r1"

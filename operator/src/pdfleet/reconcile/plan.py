@@ -172,6 +172,12 @@ def plan_pools(
     target = kv_revision(isvc)
     pools: dict[str, PoolState | None] = {}
     ready: dict[str, int] = {}
+    unlabelled = sum(
+        1
+        for role in labels.WORKER_ROLES
+        for p in observed.pods_of(role)
+        if p.kv_revision is None and not p.terminating
+    )
     for role in labels.WORKER_ROLES:
         ref = observed.child("StatefulSet", child_name(isvc, role))
         pools[role] = (
@@ -197,6 +203,7 @@ def plan_pools(
         {role: isvc.spec.role(role).gpus_per_replica for role in labels.WORKER_ROLES},
         isvc.spec.autoscaling.gpu_budget if isvc.spec.autoscaling.enabled else None,
         pinned=isvc.spec.router.type == "vllm-router",
+        unlabelled=unlabelled,
     )
 
 

@@ -31,15 +31,18 @@ ROUTER_PRESTOP_S = 5
 
 
 def _selector_args(isvc: InferenceService, role: str, revision: str) -> list[str]:
-    """One pool's pods of one KV revision: a router pod never pairs two revisions."""
-    pods = {**selector_labels(isvc, role), labels.KV_REVISION: revision}
+    """One pool's pods of one KV revision: a router pod never pairs two revisions. (No
+    revision: by role alone, while pods made before revision labels are left.)"""
+    pods = selector_labels(isvc, role)
+    if revision:
+        pods = {**pods, labels.KV_REVISION: revision}
     return [f"{key}={value}" for key, value in pods.items()]
 
 
 def router_args(isvc: InferenceService, revision: str | None = None) -> list[str]:
     """The vllm-router command line (flags as of 0.1.17), pairing workers of `revision` (the
     spec's KV revision unless a paired rollout pins the router to the one serving)."""
-    revision = revision or kv_revision(isvc)
+    revision = kv_revision(isvc) if revision is None else revision
     spec = isvc.spec
     router = spec.router
     interval = max(1, math.ceil(parse_duration(router.health_check_interval)))
@@ -64,6 +67,11 @@ def router_args(isvc: InferenceService, revision: str | None = None) -> list[str
     ]  # fmt: skip
 
 
+def router_pod_labels(isvc: InferenceService, revision: str) -> dict[str, str]:
+    pod_labels = common_labels(isvc, ROUTER)
+    return {**pod_labels, labels.KV_REVISION: revision} if revision else pod_labels
+
+
 def router_deployment(
     isvc: InferenceService, config: RenderConfig, revision: str | None = None
 ) -> Manifest:
@@ -71,7 +79,7 @@ def router_deployment(
     no replica down (maxUnavailable 0): while it rolls, each request goes to a router pod of
     one revision or the other, and is paired within it."""
     router = isvc.spec.router
-    revision = revision or kv_revision(isvc)
+    revision = kv_revision(isvc) if revision is None else revision
     name = child_name(isvc, ROUTER)
     probe_port = {"port": "http"}
     container: dict[str, Any] = {
@@ -131,9 +139,7 @@ def router_deployment(
                 "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
             },
             "template": {
-                "metadata": {
-                    "labels": {**common_labels(isvc, ROUTER), labels.KV_REVISION: revision}
-                },
+                "metadata": {"labels": router_pod_labels(isvc, revision)},
                 "spec": {
                     "serviceAccountName": name,
                     "enableServiceLinks": False,

@@ -29,6 +29,8 @@ from enum import StrEnum
 from pdfleet import labels
 
 ROUTER_ROLLING = "the router to run the new revision on every replica"
+#: The router revision that selects workers by role alone (pods made before revisions).
+UNPINNED = ""
 
 
 class Phase(StrEnum):
@@ -75,7 +77,7 @@ class RolloutPlan:
     target: str
     """The spec's KV revision."""
     router: str
-    """The revision the router pairs after this pass."""
+    """The revision the router pairs after this pass (UNPINNED: any)."""
     pools: dict[str, PoolLayout] = field(default_factory=dict)
     old: dict[str, int] = field(default_factory=dict)
     """Pods of the revision being replaced, by role (none when stable)."""
@@ -153,6 +155,7 @@ def plan_rollout(
     gpus_per_replica: Mapping[str, int],
     budget: int | None = None,
     pinned: bool = True,
+    unlabelled: int = 0,
 ) -> RolloutPlan:
     """The rollout's next step.
 
@@ -161,7 +164,9 @@ def plan_rollout(
     its latest template, `new_ready` the Ready pods of the `target` revision per role,
     `pair_proven` whether the KV preflight passed between two of them (True when the
     preflight is off). `pinned` is False for an external router, which pdfleet cannot pin:
-    such a service rolls in place."""
+    such a service rolls in place. `unlabelled` counts the live worker pods made before
+    revisions were labelled: while any is left the router selects by role alone (UNPINNED),
+    or it would select none of them while they roll in place to gain the label."""
     states = {role: pools.get(role) for role in labels.WORKER_ROLES}
     revisions = {s.revision for s in states.values() if s is not None}
     if (
@@ -171,7 +176,7 @@ def plan_rollout(
     ):
         # A new service, one made before revisions, or an external router: in place.
         layouts = {role: _stable(states[role], desired[role]) for role in states}
-        return RolloutPlan(Phase.STABLE, target, target, layouts)
+        return RolloutPlan(Phase.STABLE, target, UNPINNED if unlabelled else target, layouts)
     known = {role: s for role, s in states.items() if s is not None}
     template = next(iter(revisions)) if len(revisions) == 1 else None
     if not any(s.partition for s in known.values()):
