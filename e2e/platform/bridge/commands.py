@@ -104,8 +104,11 @@ def worker_command(
 #: What the CPU worker image sets as ENV (docs/real-engine.md): the platform cannot be
 #: inferred without a GPU, 1 GiB of KV cache per engine, no core pinning on a shared
 #: machine, no model hub; and NIXL's progress thread sleeps 1 ms between polls instead of
-#: spinning a core per engine (an option of e2e/platform/engine.sh's install).
+#: spinning a core per engine (an option of e2e/platform/engine.sh's install). One OpenMP
+#: thread per engine: the tiny model's operators take microseconds, and between them an
+#: engine's idle OpenMP workers spin on the cores the other engines need.
 REAL_ENGINE_ENV = {
+    "OMP_NUM_THREADS": "1",
     "PDFLEET_NIXL_PTHR_DELAY_US": "1000",
     "VLLM_TARGET_DEVICE": "cpu",
     "VLLM_CPU_KVCACHE_SPACE": "1",

@@ -70,11 +70,16 @@ def service(
     prometheus: Prometheus,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Service]:
+    # Engines starting on the same two cores can keep the API server from answering the
+    # controller-manager's and the scheduler's lease renewals in time, and they then exit on
+    # purpose; a control-plane node's supervisor (systemd, kubelet) starts them again.
+    bridge_cluster.supervise()
     log_dir = tmp_path_factory.mktemp("engine")
     with deployed_engine_service(
         bridge_cluster, api_client, log_dir, engine, prometheus.url
     ) as svc:
         yield svc
+    print(f"control-plane components started again: {bridge_cluster.component_restarts()}")
 
 
 @pytest.fixture(scope="session")

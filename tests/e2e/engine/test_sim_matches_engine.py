@@ -18,7 +18,9 @@ from e2e.platform.service import Service
 from e2e.scenarios.differential import differences, drain_answers, observe, sim_pair, to_json
 from pdfleet import labels
 
-pytestmark = pytest.mark.timeout(600)
+#: Above wait_serving's 600 s: an engine a test stopped comes back through the bridge's
+#: restart, and a pool that does not should fail with wait_serving's reason.
+pytestmark = pytest.mark.timeout(900)
 
 
 def test_the_simulator_shows_what_the_engine_shows(
