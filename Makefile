@@ -23,7 +23,7 @@ SCENARIO_TESTS := tests/e2e/autoscale tests/e2e/faults
 DRAIN_TESTS := tests/e2e/drain
 # Real vLLM (its CPU build, e2e/platform/engine.sh) in the local cluster: P/D over NIXL, the
 # preflight, the autoscaler's signals, a scale-down under load, and the simulator held to the
-# engine. Three engines of ~4 GB each; about 10 minutes with the engines' start.
+# engine. Three engines of ~4 GB each; about 7 minutes with the engines' start.
 ENGINE_TESTS := tests/e2e/engine
 # The images' Python environments resolved from PyPI (outside the network namespace).
 IMAGE_TESTS := tests/integration/image
@@ -154,13 +154,11 @@ test-drain: $(STAMP) toolchain ## Drain cycles, a scale-up during a drain, kubec
 test-image: $(STAMP) engine ## The worker image's Python environment, resolved from PyPI.
 	$(PYTEST) $(IMAGE_TESTS)
 
-# Not in `make test`: on a 2-core machine the CPU engines generate a few tokens a second
-# and stall for seconds; even with waits derived from their measured pace, a run can end
-# with one of the tier's six tests past a wait (docs/real-engine.md).
-test-engine: test-image toolchain ## Real vLLM on the local cluster (~12 min), after test-image.
+# Last in `make test`: three CPU engines need the machine's cores to themselves.
+test-engine: test-image toolchain ## Real vLLM on the local cluster (~7 min), after test-image.
 	$(NETNS) $(PYTEST) $(ENGINE_TESTS)
 
-test: verify test-integration test-e2e test-scenarios test-drain test-image ## Everything CI runs.
+test: verify test-integration test-e2e test-scenarios test-drain test-image test-engine ## Everything CI runs.
 
 bench-autoscale: $(STAMP) ## The autoscaler against baselines on the workloads (BENCH_AUTOSCALE_ARGS=W1 W2 W3 S1).
 	$(PY) -m pdfleet_lab.bench $(BENCH_AUTOSCALE_ARGS) --out docs/benchmarks/autoscale
