@@ -127,4 +127,13 @@ def test_a_fabric_that_asks_for_rdma_but_gets_tcp_is_a_warning(tcp_service: Serv
     assert "rdma/ib" in condition["message"]
     events = service.events("KVTransportTCPFallback")
     assert events and events[0].type == "Warning"
-    assert service.condition("Ready")["status"] == "True"  # a warning, the service serves
+    # A warning: the service serves. The fabric is part of the KV revision, so the change
+    # rolls both pools as a pair and the new pair is measured while traffic still moves;
+    # Ready comes once the rollout is done, with the verdict still TCPFallback.
+    wait_until(lambda: _ready(service), 300, "Ready after the rollout")
+    condition = service.condition("KVTransportReady")
+    assert (condition["status"], condition["reason"]) == ("False", "TCPFallback"), condition
+
+
+def _ready(service: Service) -> bool:
+    return service.condition("Ready").get("status") == "True"
