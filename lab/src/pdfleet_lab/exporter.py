@@ -18,11 +18,13 @@ import math
 
 from pdfleet.autoscale import promql
 from pdfleet_lab.tsdb import SimPrometheus
-from pdfleet_worker.sim.metrics import ITL_BUCKETS, TTFT_BUCKETS
+from pdfleet_worker.launcher import ITL_BUCKETS
+from pdfleet_worker.sim.metrics import TTFT_BUCKETS
 
 NAMESPACE = "bench"
 SERVICE = "fleet"
-# vLLM's request_time_per_output_token_seconds uses the inter-token latency buckets.
+# The inter-token latency family as the worker's agent sets it (--custom-histogram-buckets);
+# vLLM's request_time_per_output_token_seconds is in the same family.
 TPOT_BUCKETS = ITL_BUCKETS
 
 

@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from pdfleet.api.owned import OVERRIDABLE_ENV, OWNED_ENV, OWNED_FLAGS, flag_problem
+from pdfleet.api.owned import (
+    OVERRIDABLE_ENV,
+    OVERRIDABLE_FLAGS,
+    OWNED_ENV,
+    OWNED_FLAGS,
+    flag_problem,
+)
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.render.common import RenderConfig
 from pdfleet.render.worker import merge_env, worker_env
@@ -52,7 +58,14 @@ def test_every_flag_the_launcher_sets_from_the_spec_is_owned(role: str) -> None:
     env["PDFLEET_POD_IP"] = "10.244.1.7"
     flags = [arg for arg in build_vllm_command(env)[3:] if arg.startswith("-")]
     owned = {flag.flag for flag in OWNED_FLAGS}
-    assert flags and set(flags) <= owned, set(flags) - owned
+    assert flags and set(flags) <= owned | OVERRIDABLE_FLAGS.keys(), set(flags) - owned
+    assert not owned & OVERRIDABLE_FLAGS.keys()
+
+
+@pytest.mark.parametrize("flag", list(OVERRIDABLE_FLAGS))
+def test_a_flag_the_agent_sets_by_default_is_the_users_to_replace(flag: str) -> None:
+    assert flag_problem(flag) is None
+    assert flag_problem(f"{flag}={{}}") is None
 
 
 def test_every_env_name_the_renderer_sets_is_owned_or_overridable() -> None:

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from pdfleet_worker.launcher import (
+    ITL_BUCKETS,
     LaunchConfigError,
     build_vllm_command,
     build_vllm_env,
@@ -40,6 +41,8 @@ def test_prefill_defaults() -> None:
         '"kv_load_failure_policy":"fail","kv_connector_extra_config":{"backends":["UCX"]}}',
         "--shutdown-timeout",
         "60",
+        "--custom-histogram-buckets",
+        json.dumps({"inter_token_latency": list(ITL_BUCKETS)}, separators=(",", ":")),
     ]
     assert build_vllm_env(BASE) == {
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.7",
@@ -99,6 +102,31 @@ def test_no_connector_means_no_kv_flags_and_no_pod_ip_needed() -> None:
 def test_extra_args_appended_last() -> None:
     env = {**BASE, "PDFLEET_EXTRA_ARGS": json.dumps(["--enable-prefix-caching", "--seed", "1"])}
     assert build_vllm_command(env)[-3:] == ["--enable-prefix-caching", "--seed", "1"]
+
+
+def _buckets(argv: list[str]) -> dict[str, list[float]]:
+    """The last --custom-histogram-buckets, the one vLLM's parser keeps."""
+    at = len(argv) - 1 - argv[::-1].index("--custom-histogram-buckets")
+    value: dict[str, list[float]] = json.loads(argv[at + 1])
+    return value
+
+
+def test_itl_buckets_every_5_ms_to_100_ms_then_vllms_own() -> None:
+    bounds = _buckets(build_vllm_command(BASE))["inter_token_latency"]
+    assert bounds[:20] == [round(0.005 * i, 3) for i in range(1, 21)]
+    # every one of vLLM's default bounds stays, so their le= series keep existing
+    vllm_default = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0]
+    vllm_default += [2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
+    assert set(vllm_default) <= set(bounds) and bounds == sorted(set(bounds))
+    assert "0.015," in json.dumps(bounds)  # no float noise on the wire (0.015000000000000001)
+
+
+def test_the_users_histogram_buckets_come_last_and_win() -> None:
+    mine = json.dumps({"time_to_first_token": [0.5, 1.0]})
+    argv = build_vllm_command(
+        {**BASE, "PDFLEET_EXTRA_ARGS": json.dumps(["--custom-histogram-buckets", mine])}
+    )
+    assert _buckets(argv) == {"time_to_first_token": [0.5, 1.0]}
 
 
 @pytest.mark.parametrize(("value", "flagged"), [("true", True), ("", False), ("no", False)])

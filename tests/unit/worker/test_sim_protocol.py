@@ -22,6 +22,7 @@ from e2e.platform.cluster import wait_until
 from e2e.scenarios.differential import json_shape
 from pdfleet.autoscale import promql
 from pdfleet_worker.sim.procs import SimProc, free_port, start_sim
+from pdfleet_worker.sim.server import build_parser
 
 if TYPE_CHECKING:
     from tests.unit.worker.conftest import InProcess
@@ -490,6 +491,44 @@ async def test_metrics_families_are_vllm_033s(
         assert les == ([*buckets, math.inf] if buckets else []), name
     wire = {s.name.removesuffix("_bucket") for f in families.values() for s in f.samples}
     assert wire >= READ_BY_PDFLEET
+
+
+def _les(text: str, name: str) -> list[float]:
+    family = next(f for f in text_string_to_metric_families(text) if f.name == name)
+    return [float(s.labels["le"]) for s in family.samples if s.name.endswith("_bucket")]
+
+
+async def test_custom_histogram_buckets_replace_a_familys_defaults(sims: InProcess) -> None:
+    """vLLM's --custom-histogram-buckets: a family's bounds replace the defaults of every
+    histogram in it (inter_token_latency: ITL and per-request TPOT), the rest keep theirs."""
+    itl = [0.005, 0.01, 0.015, 0.02]
+    buckets = json.dumps({"inter_token_latency": itl, "kv_cache_residency": [1.0]})
+    client = await in_process(sims, ["--custom-histogram-buckets", buckets])
+    text = (await client.get("/metrics")).text
+    assert _les(text, "vllm:inter_token_latency_seconds") == [*itl, math.inf]
+    assert _les(text, "vllm:request_time_per_output_token_seconds") == [*itl, math.inf]
+    assert _les(text, "vllm:time_to_first_token_seconds") == [*TTFT_BUCKETS, math.inf]
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ('{"itl": [0.01]}', "unknown bucket family 'itl'"),
+        ('{"inter_token_latency": []}', "must not be empty"),
+        ('{"inter_token_latency": [0.02, 0.01]}', "must be strictly increasing"),
+        ('{"inter_token_latency": [0.0, 0.01]}', "must be finite and greater than 0"),
+        ('{"inter_token_latency": [true]}', "must be a number"),
+        ("[0.01]", "must be a JSON object"),
+        ("{", "not JSON"),
+    ],
+)
+def test_bad_custom_histogram_buckets_are_refused_naming_the_family(
+    value: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--custom-histogram-buckets", value])
+    err = capsys.readouterr().err
+    assert "--custom-histogram-buckets" in err and says in err, err
 
 
 def sample_sum(text: str, name: str, **labels: str) -> float:

@@ -17,6 +17,15 @@ ENGINES = ("vllm", "sim")
 # 0.33 logs a deprecation for kv_both with Nixl: say which side each pool is.
 DEFAULT_KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
 _LOOPBACK = {"localhost", "127.0.0.1", "0.0.0.0", "::", "::1"}
+# vLLM's inter-token latency buckets (10, 25, 50, 75 ms, ...) put common ITL targets such
+# as 15, 20 or 30 ms inside a bucket, where a quantile or the share of requests within the
+# target is only an interpolation. Every 5 ms up to 100 ms, then vLLM's own bounds; the
+# family also sets the per-request time per output token. Fixed rather than derived from a
+# service's SLO: editing a target must not restart the pools.
+ITL_BUCKETS = (
+    *(round(0.005 * i, 3) for i in range(1, 21)),
+    *(0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0),
+)
 
 
 class LaunchConfigError(ValueError):
@@ -174,6 +183,10 @@ def build_vllm_command(env: Mapping[str, str]) -> list[str]:
     if cfg.gpu_memory_utilization is not None:
         argv += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
     argv += ["--shutdown-timeout", str(cfg.shutdown_timeout)]
+    # Before the extra args: a --custom-histogram-buckets of the user's own comes later and
+    # replaces this one, as vLLM's parser keeps a flag's last value.
+    buckets = {"inter_token_latency": list(ITL_BUCKETS)}
+    argv += ["--custom-histogram-buckets", json.dumps(buckets, separators=(",", ":"))]
     if cfg.enable_scale_out:
         argv.append("--enable-scale-out")
     if cfg.engine == "sim":

@@ -134,6 +134,14 @@ OVERRIDABLE_ENV: dict[str, str] = {
 }
 
 
+# Flags the worker's agent sets whatever the spec says, which an extraArgs item replaces
+# (it comes later, and vLLM keeps a flag's last value).
+OVERRIDABLE_FLAGS: dict[str, str] = {
+    "--custom-histogram-buckets": "histogram bounds; the agent's give SLO attainment 5 ms "
+    "inter-token latency buckets (docs/worker.md)",
+}
+
+
 def flag_problem(arg: str) -> str | None:
     """Why an extraArgs item may not be passed to `vllm serve`, or None when it may."""
     key = option_key(arg)

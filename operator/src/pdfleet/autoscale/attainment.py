@@ -34,7 +34,7 @@ def share_within(buckets: Buckets, target: float) -> float:
     is exact. NaN when there is nothing to estimate from (no observations, no +Inf bucket),
     and when the target lies inside an occupied lowest or +Inf bucket: nothing says where in
     it those observations lie (PromQL spreads the lowest one evenly from zero, far off for
-    latencies, which have a floor; vLLM's lowest ITL bucket is 10 ms).
+    latencies, which have a floor; the workers' lowest ITL bucket is 5 ms).
     """
     ordered = sorted(buckets)
     if not ordered or ordered[-1][0] != math.inf:

@@ -125,10 +125,10 @@ def peak_arrivals(target: RoleSeries, window_s: float, short_s: float = PEAK_RAT
 def role_queries(target: RoleSeries, percentile: float, window_s: float) -> dict[str, str]:
     """Every query one role needs, keyed by the `policy.RoleMetrics` field it fills.
 
-    ITL is the window's exact mean, not a histogram quantile: vLLM's ITL buckets are 10, 25,
-    50 ms, so a quantile of typical decode latencies is an interpolation inside one bucket
-    (any ITL between 10 and 25 ms reads as the same p90). All tokens of a decode step share
-    the step time, so the spread is small and the mean tracks the percentile closely."""
+    ITL is the window's exact mean, not a histogram quantile: even the worker's 5 ms buckets
+    (the agent's `--custom-histogram-buckets`; vLLM's own are 10, 25, 50 ms) leave a quantile
+    of typical decode latencies an interpolation inside one bucket. All tokens of a decode
+    step share the step time, so the spread is small and the mean tracks the percentile."""
     return {
         "ttft_s": quantile(target, TTFT, percentile, window_s),
         "itl_s": mean(target, ITL, window_s),

@@ -15,6 +15,9 @@ connector configured, `vllm:num_requests_kv_fetch_by_stage` only on a KV consume
 from __future__ import annotations
 
 import functools
+import itertools
+import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
@@ -64,6 +67,54 @@ CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
 ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 KV_CONSUMER_ROLES = ("kv_consumer", "kv_both")
+
+
+#: vLLM's histogram bucket families (v1/metrics/buckets.py), the keys of
+#: `--custom-histogram-buckets`; the simulator has no KV cache residency histograms.
+BUCKET_FAMILIES = (
+    "request_latency",
+    "time_to_first_token",
+    "inter_token_latency",
+    "iteration_tokens",
+    "request_params_n",
+    "request_num_preemptions",
+    "request_tokens",
+    "kv_cache_residency",
+)
+
+HistogramBuckets = Mapping[str, tuple[float, ...]]
+"""Bucket bounds by family, replacing that family's defaults (`--custom-histogram-buckets`)."""
+
+
+def parse_histogram_buckets(text: str) -> dict[str, tuple[float, ...]]:
+    """`--custom-histogram-buckets` as vLLM reads it (config/observability.py): a JSON map
+    from a known family to non-empty, strictly increasing, finite, positive bounds.
+    ValueError naming the family and the bound otherwise."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"custom_histogram_buckets: not JSON: {err}") from None
+    if not isinstance(raw, dict):
+        raise ValueError("custom_histogram_buckets: must be a JSON object")
+    out: dict[str, tuple[float, ...]] = {}
+    for family, bounds in raw.items():
+        where = f"custom_histogram_buckets[{family!r}]"
+        if family not in BUCKET_FAMILIES:
+            raise ValueError(
+                f"custom_histogram_buckets: unknown bucket family {family!r}; "
+                f"known families: {sorted(BUCKET_FAMILIES)}"
+            )
+        if not isinstance(bounds, list) or not bounds:
+            raise ValueError(f"{where}: bucket list must not be empty")
+        for bound in bounds:
+            if isinstance(bound, bool) or not isinstance(bound, int | float):
+                raise ValueError(f"{where}: bound {bound!r} must be a number")
+            if not math.isfinite(bound) or bound <= 0:
+                raise ValueError(f"{where}: bound {bound!r} must be finite and greater than 0")
+        if any(a >= b for a, b in itertools.pairwise(bounds)):
+            raise ValueError(f"{where}: bounds {bounds} must be strictly increasing")
+        out[family] = tuple(float(b) for b in bounds)
+    return out
 
 
 def request_token_buckets(max_model_len: int) -> tuple[float, ...]:
@@ -154,13 +205,24 @@ class EngineMetrics:
         max_model_len: int = 131072,
         kv_role: str | None = None,
         cache_info: Mapping[str, str] | None = None,
+        histogram_buckets: HistogramBuckets | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         self.kv_role = kv_role
         self._lv = {"model_name": model_name, "engine": engine}
+        defaults: dict[str, tuple[float, ...]] = {
+            "request_latency": REQUEST_LATENCY_BUCKETS,
+            "time_to_first_token": TTFT_BUCKETS,
+            "inter_token_latency": ITL_BUCKETS,
+            "iteration_tokens": ITERATION_TOKEN_BUCKETS,
+            "request_params_n": REQUEST_PARAMS_N_BUCKETS,
+            "request_num_preemptions": REQUEST_PREEMPTIONS_BUCKETS,
+            "request_tokens": request_token_buckets(max_model_len),
+        }
+        self._buckets = {**defaults, **(histogram_buckets or {})}
         self._build_scheduler_gauges()
         self._build_counters()
-        self._build_histograms(request_token_buckets(max_model_len))
+        self._build_histograms()
         self._build_nixl()
         rejections = Counter(
             "vllm:admission_rejections",
@@ -314,8 +376,9 @@ class EngineMetrics:
                 f"Estimated number of {units} per GPU (for Model Flops Utilization calculations).",
             )
 
-    def _build_histograms(self, tokens: tuple[float, ...]) -> None:
-        hist = self._hist
+    def _build_histograms(self) -> None:
+        hist, bounds = self._hist, self._buckets
+        tokens = bounds["request_tokens"]
         self.request_prompt_tokens = hist(
             "vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens
         )
@@ -325,7 +388,7 @@ class EngineMetrics:
         self.iteration_tokens = hist(
             "vllm:iteration_tokens_total",
             "Histogram of number of tokens per engine_step.",
-            ITERATION_TOKEN_BUCKETS,
+            bounds["iteration_tokens"],
         )
         self.max_generation_tokens = hist(
             "vllm:request_max_num_generation_tokens",
@@ -335,7 +398,7 @@ class EngineMetrics:
         self.params_n = hist(
             "vllm:request_params_n",
             "Histogram of the n request parameter.",
-            REQUEST_PARAMS_N_BUCKETS,
+            bounds["request_params_n"],
         )
         self.params_max_tokens = hist(
             "vllm:request_params_max_tokens",
@@ -345,28 +408,28 @@ class EngineMetrics:
         self.ttft = hist(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
-            TTFT_BUCKETS,
+            bounds["time_to_first_token"],
         )
         self.itl = hist(
             "vllm:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
-            ITL_BUCKETS,
+            bounds["inter_token_latency"],
         )
         self.tpot = hist(
             "vllm:request_time_per_output_token_seconds",
             "Histogram of time_per_output_token_seconds per request.",
-            ITL_BUCKETS,
+            bounds["inter_token_latency"],
         )
         self.e2e = hist(
             "vllm:e2e_request_latency_seconds",
             "Histogram of e2e request latency in seconds.",
-            REQUEST_LATENCY_BUCKETS,
+            bounds["request_latency"],
         )
         self.phase = {
             phase: hist(
                 f"vllm:request_{phase}_time_seconds",
                 f"Histogram of time spent in {state} phase for request.",
-                REQUEST_LATENCY_BUCKETS,
+                bounds["request_latency"],
             )
             for phase, state in (
                 ("queue", "WAITING"),
@@ -378,7 +441,7 @@ class EngineMetrics:
         self.request_preemptions = hist(
             "vllm:request_num_preemptions",
             "Histogram of the number of times a request was preempted.",
-            REQUEST_PREEMPTIONS_BUCKETS,
+            bounds["request_num_preemptions"],
         )
         self.prefill_kv_computed = hist(
             "vllm:request_prefill_kv_computed_tokens",

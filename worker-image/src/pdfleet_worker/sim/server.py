@@ -41,7 +41,7 @@ from pdfleet_worker.sim.kvparams import (
     parse_remote_prefill,
     wants_remote_decode,
 )
-from pdfleet_worker.sim.metrics import CONTENT_TYPE, EngineMetrics
+from pdfleet_worker.sim.metrics import CONTENT_TYPE, EngineMetrics, parse_histogram_buckets
 from pdfleet_worker.sim.sidechannel import HttpKvPuller, data_plane_app, side_channel_app
 from pdfleet_worker.sim.tokens import count_text_tokens
 
@@ -388,6 +388,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--num-gpu-blocks-override", type=int)
     p.add_argument(
+        "--custom-histogram-buckets",
+        type=_histogram_buckets,
+        default=None,
+        help="JSON: bucket family -> bounds, replacing vLLM's defaults for that family",
+    )
+    p.add_argument(
         "--default-output-tokens",
         type=int,
         default=128,
@@ -395,6 +401,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--log-level", default="warning")
     return p
+
+
+def _histogram_buckets(text: str) -> dict[str, tuple[float, ...]]:
+    try:
+        return parse_histogram_buckets(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def model_from_args(args: argparse.Namespace) -> PerfModel:
@@ -477,6 +490,7 @@ def build_sim(args: argparse.Namespace, puller: KvPuller | None = None) -> Sim:
         max_model_len=args.max_model_len,
         kv_role=kv_role_from_args(args),
         cache_info=cache_info(model, args),
+        histogram_buckets=args.custom_histogram_buckets,
     )
     compat = compatibility_hash(
         model_path or model_name, args.dtype, args.kv_cache_dtype, model.kv_bytes_per_token
