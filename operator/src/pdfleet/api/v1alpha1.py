@@ -885,8 +885,8 @@ class SLOStatus(ApiModel):
     ttft_seconds: float | None = Field(None, description="Measured TTFT at the SLO percentile.")
     itl_seconds: float | None = Field(
         None,
-        description="Measured ITL: the window's mean (vLLM's ITL buckets are too coarse for "
-        "a percentile).",
+        description="Measured ITL: the window's mean (a percentile would interpolate inside "
+        "one histogram bucket).",
     )
     ttft: str = Field("", description="Measured/target TTFT, for kubectl get.")
     itl: str = Field("", description="Measured/target ITL, for kubectl get.")
