@@ -18,14 +18,11 @@ import math
 
 from pdfleet.autoscale import promql
 from pdfleet_lab.tsdb import SimPrometheus
-from pdfleet_worker.launcher import ITL_BUCKETS
+from pdfleet_worker.launcher import AGENT_ITL_BUCKETS
 from pdfleet_worker.sim.metrics import TTFT_BUCKETS
 
 NAMESPACE = "bench"
 SERVICE = "fleet"
-# The inter-token latency family as the worker's agent sets it (--custom-histogram-buckets);
-# vLLM's request_time_per_output_token_seconds is in the same family.
-TPOT_BUCKETS = ITL_BUCKETS
 
 
 class Histogram:
@@ -64,8 +61,10 @@ class EngineFamilies:
         self.generation_tokens = 0.0
         self.requests = 0.0
         self.ttft = Histogram(TTFT_BUCKETS)
-        self.itl = Histogram(ITL_BUCKETS)
-        self.tpot = Histogram(TPOT_BUCKETS)
+        # The inter-token latency family as the worker's agent sets it
+        # (--custom-histogram-buckets): per-token ITL and the request's time per output token.
+        self.itl = Histogram(AGENT_ITL_BUCKETS)
+        self.tpot = Histogram(AGENT_ITL_BUCKETS)
 
     def first_token(self, ttft_s: float, prompt_tokens: int) -> None:
         self.ttft.observe(ttft_s)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pdfleet_worker.launcher import (
-    ITL_BUCKETS,
+    AGENT_ITL_BUCKETS,
     LaunchConfigError,
     build_vllm_command,
     build_vllm_env,
@@ -42,7 +42,7 @@ def test_prefill_defaults() -> None:
         "--shutdown-timeout",
         "60",
         "--custom-histogram-buckets",
-        json.dumps({"inter_token_latency": list(ITL_BUCKETS)}, separators=(",", ":")),
+        json.dumps({"inter_token_latency": list(AGENT_ITL_BUCKETS)}, separators=(",", ":")),
     ]
     assert build_vllm_env(BASE) == {
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.7",

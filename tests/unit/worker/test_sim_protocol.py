@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.platform.cluster import wait_until
@@ -487,15 +488,18 @@ async def test_metrics_families_are_vllm_033s(
                 assert sample.labels[label] in LABEL_VALUES[label], sample
             ours = {"engine": "0", "model_name": SERVED}
             assert all(sample.labels[k] == v for k, v in ours.items() if k in names), sample
-        les = [float(s.labels["le"]) for s in family.samples if s.name.endswith("_bucket")]
-        assert les == ([*buckets, math.inf] if buckets else []), name
+        assert _bounds(family) == ([*buckets, math.inf] if buckets else []), name
     wire = {s.name.removesuffix("_bucket") for f in families.values() for s in f.samples}
     assert wire >= READ_BY_PDFLEET
 
 
-def _les(text: str, name: str) -> list[float]:
-    family = next(f for f in text_string_to_metric_families(text) if f.name == name)
+def _bounds(family: Metric) -> list[float]:
+    """The `le` of a family's bucket samples, in page order."""
     return [float(s.labels["le"]) for s in family.samples if s.name.endswith("_bucket")]
+
+
+def _les(text: str, name: str) -> list[float]:
+    return _bounds(next(f for f in text_string_to_metric_families(text) if f.name == name))
 
 
 async def test_custom_histogram_buckets_replace_a_familys_defaults(sims: InProcess) -> None:

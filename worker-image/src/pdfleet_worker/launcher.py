@@ -22,7 +22,7 @@ _LOOPBACK = {"localhost", "127.0.0.1", "0.0.0.0", "::", "::1"}
 # target is only an interpolation. Every 5 ms up to 100 ms, then vLLM's own bounds; the
 # family also sets the per-request time per output token. Fixed rather than derived from a
 # service's SLO: editing a target must not restart the pools.
-ITL_BUCKETS = (
+AGENT_ITL_BUCKETS = (
     *(round(0.005 * i, 3) for i in range(1, 21)),
     *(0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0),
 )
@@ -185,7 +185,7 @@ def build_vllm_command(env: Mapping[str, str]) -> list[str]:
     argv += ["--shutdown-timeout", str(cfg.shutdown_timeout)]
     # Before the extra args: a --custom-histogram-buckets of the user's own comes later and
     # replaces this one, as vLLM's parser keeps a flag's last value.
-    buckets = {"inter_token_latency": list(ITL_BUCKETS)}
+    buckets = {"inter_token_latency": list(AGENT_ITL_BUCKETS)}
     argv += ["--custom-histogram-buckets", json.dumps(buckets, separators=(",", ":"))]
     if cfg.enable_scale_out:
         argv.append("--enable-scale-out")

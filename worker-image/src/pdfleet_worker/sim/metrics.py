@@ -69,18 +69,18 @@ SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 KV_CONSUMER_ROLES = ("kv_consumer", "kv_both")
 
 
-#: vLLM's histogram bucket families (v1/metrics/buckets.py), the keys of
-#: `--custom-histogram-buckets`; the simulator has no KV cache residency histograms.
-BUCKET_FAMILIES = (
-    "request_latency",
-    "time_to_first_token",
-    "inter_token_latency",
-    "iteration_tokens",
-    "request_params_n",
-    "request_num_preemptions",
-    "request_tokens",
-    "kv_cache_residency",
-)
+#: vLLM's default bounds of its fixed histogram bucket families (v1/metrics/buckets.py).
+STATIC_FAMILY_BUCKETS: dict[str, tuple[float, ...]] = {
+    "request_latency": REQUEST_LATENCY_BUCKETS,
+    "time_to_first_token": TTFT_BUCKETS,
+    "inter_token_latency": ITL_BUCKETS,
+    "iteration_tokens": ITERATION_TOKEN_BUCKETS,
+    "request_params_n": REQUEST_PARAMS_N_BUCKETS,
+    "request_num_preemptions": REQUEST_PREEMPTIONS_BUCKETS,
+}
+#: The keys of `--custom-histogram-buckets`: those, the token counts (a 1-2-5 series up to
+#: the context length) and KV cache residency, of which the simulator has no histograms.
+BUCKET_FAMILIES = (*STATIC_FAMILY_BUCKETS, "request_tokens", "kv_cache_residency")
 
 HistogramBuckets = Mapping[str, tuple[float, ...]]
 """Bucket bounds by family, replacing that family's defaults (`--custom-histogram-buckets`)."""
@@ -210,16 +210,11 @@ class EngineMetrics:
         self.registry = CollectorRegistry()
         self.kv_role = kv_role
         self._lv = {"model_name": model_name, "engine": engine}
-        defaults: dict[str, tuple[float, ...]] = {
-            "request_latency": REQUEST_LATENCY_BUCKETS,
-            "time_to_first_token": TTFT_BUCKETS,
-            "inter_token_latency": ITL_BUCKETS,
-            "iteration_tokens": ITERATION_TOKEN_BUCKETS,
-            "request_params_n": REQUEST_PARAMS_N_BUCKETS,
-            "request_num_preemptions": REQUEST_PREEMPTIONS_BUCKETS,
+        self._buckets = {
+            **STATIC_FAMILY_BUCKETS,
             "request_tokens": request_token_buckets(max_model_len),
+            **(histogram_buckets or {}),
         }
-        self._buckets = {**defaults, **(histogram_buckets or {})}
         self._build_scheduler_gauges()
         self._build_counters()
         self._build_histograms()
