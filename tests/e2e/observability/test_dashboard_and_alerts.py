@@ -58,7 +58,7 @@ LIGHT = Phase("light", 60.0, 0.5, 1000, 16)
 #: Long prompts at about twice the prompt tokens one prefill worker serves at this time scale:
 #: its queue, and TTFT with it, grow for as long as the load lasts.
 STARVING = Phase("long prompts", 300.0, 1.0, 8000, 8)
-#: An ITL target on one of the workers' ITL bucket bounds (every 5 ms), so that the ITL
+#: An ITL target on one of the workers' ITL bucket bounds (`AGENT_ITL_BUCKETS`), so that the ITL
 #: attainment, and with it the attainment of both targets that PdfleetSLOAttainmentLow
 #: reads, is exact rather than interpolated (docs/observability.md).
 ITL_TARGET = "25ms"

@@ -137,8 +137,8 @@ OVERRIDABLE_ENV: dict[str, str] = {
 # Flags the worker's agent sets whatever the spec says, which an extraArgs item replaces
 # (it comes later, and vLLM keeps a flag's last value).
 OVERRIDABLE_FLAGS: dict[str, str] = {
-    "--custom-histogram-buckets": "histogram bounds; the agent's give SLO attainment 5 ms "
-    "inter-token latency buckets (docs/worker.md)",
+    "--custom-histogram-buckets": "histogram bounds; the agent's give the autoscaler's "
+    "decode signal and SLO attainment fine inter-token latency buckets (docs/worker.md)",
 }
 
 
