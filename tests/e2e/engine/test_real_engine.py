@@ -173,6 +173,7 @@ PREFILL_SIGNALS = (
 DECODE_SIGNALS = (
     "ttft_s",
     "itl_s",
+    "tpot_s",
     "request_rate",
     "generation_tokens_rate",
     "num_requests_waiting",

@@ -207,6 +207,21 @@ def test_ttft_violation_grows_prefill_and_records_an_event() -> None:
     assert ("StatefulSet", status["prefill"]["desired"]) in [c[1] for c in sts]
 
 
+def test_status_shows_the_itl_the_policy_judges() -> None:
+    # the window's mean ITL is under the 20 ms target, the p95 request's is over it
+    decode = replace(_metrics(0.2, 0.012), tpot_s=0.025)
+    source, clock = Source(_metrics(0.2, 0.012), decode), [1000.0]
+    controller, writer = _controller(source, clock)
+    controller.reconcile(_body(), _observed(_isvc()))
+    slo = writer.last_status["slo"]
+    assert slo["itl"] == "25ms/20ms" and slo["itlSeconds"] == 0.025, slo
+    # no request finished in the window: the mean stands in
+    source.decode = _metrics(0.2, 0.012)
+    clock[0] += 60.0
+    controller.reconcile(_body(), _observed(_isvc()))
+    assert writer.last_status["slo"]["itlSeconds"] == 0.012
+
+
 def test_decisions_wait_for_the_interval() -> None:
     source, clock = Source(_metrics(0.2, 0.01), _metrics(0.2, 0.01)), [1000.0]
     controller, _ = _controller(source, clock)

@@ -91,12 +91,22 @@ def test_role_queries_cover_role_metrics_fields() -> None:
         "waiting_growth",
         "prompt_arrivals_peak",
     }
+    decode = promql.RoleSeries("serving", "llama-8b", "decode")
+    assert set(promql.role_queries(decode, 95, 60)) - set(promql.role_queries(T, 95, 60)) == {
+        "tpot_s"
+    }
 
 
 def test_itl_is_the_exact_window_mean() -> None:
     q = promql.role_queries(T, 95, 60)["itl_s"]
     assert q.startswith("sum(rate(vllm:inter_token_latency_seconds_sum{")
     assert "/ sum(rate(vllm:inter_token_latency_seconds_count{" in q
+
+
+def test_time_per_output_token_is_the_percentile_of_requests() -> None:
+    q = promql.role_queries(promql.RoleSeries("ns", "svc", "decode"), 95, 60)["tpot_s"]
+    assert q.startswith("histogram_quantile(0.95, sum by (le) (rate(")
+    assert "vllm:request_time_per_output_token_seconds_bucket{" in q
 
 
 def test_peak_prompt_rate_is_a_subquery_over_the_window() -> None:
@@ -170,7 +180,7 @@ def test_source_builds_window() -> None:
     fake = _Fake()
     w = PrometheusSource("http://prom", client=fake).window("serving", "llama-8b", 10.0, 95, 60)
     assert w.prefill is not None and w.prefill.prompt_tokens_rate == 2.0
-    assert len(fake.queries) == 22  # 10 per role, one SLO histogram per role
+    assert len(fake.queries) == 23  # 10 per role, decode's TPOT, one SLO histogram per role
     assert w.ttft_buckets == () and w.tpot_buckets == ()  # answers without `le`
 
 

@@ -885,8 +885,9 @@ class SLOStatus(ApiModel):
     ttft_seconds: float | None = Field(None, description="Measured TTFT at the SLO percentile.")
     itl_seconds: float | None = Field(
         None,
-        description="Measured ITL: the window's mean (a percentile would interpolate inside "
-        "one histogram bucket).",
+        description="Measured ITL at the SLO percentile, per request: its time per output "
+        "token, what the autoscaler judges decode on (the window's mean ITL while no request "
+        "finished in it).",
     )
     ttft: str = Field("", description="Measured/target TTFT, for kubectl get.")
     itl: str = Field("", description="Measured/target ITL, for kubectl get.")

@@ -33,6 +33,7 @@ from pdfleet.autoscale.policy import (
     PolicyConfig,
     RoleReplicas,
     decide,
+    decode_latency,
     trim_history,
 )
 from pdfleet.reconcile.observed import Observed
@@ -211,7 +212,10 @@ def outcome_of(
         events.append(("Normal", "Autoscaled", f"{describe(before, desired)}: {reason}"))
     shown = window if usable else None
     ttft = shown.prefill.ttft_s if shown and shown.prefill else math.nan
-    itl = shown.decode.itl_s if shown and shown.decode else math.nan
+    itl = math.nan
+    if shown and shown.decode:
+        # what the policy judges decode on; 0 is "neither signal known"
+        itl = decode_latency(shown.decode) or math.nan
     attainment = slo_attainment(
         shown.ttft_buckets if shown else (),
         shown.tpot_buckets if shown else (),

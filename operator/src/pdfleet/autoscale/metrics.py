@@ -106,6 +106,7 @@ def to_role_metrics(values: Mapping[str, float | None]) -> RoleMetrics | None:
     return RoleMetrics(
         ttft_s=get("ttft_s"),
         itl_s=get("itl_s"),
+        tpot_s=get("tpot_s"),
         request_rate=get("request_rate"),
         prompt_tokens_rate=get("prompt_tokens_rate"),
         generation_tokens_rate=get("generation_tokens_rate"),
