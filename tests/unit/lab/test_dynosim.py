@@ -135,9 +135,36 @@ def test_apply_decode_observes_every_token_at_its_step() -> None:
     assert engine.itl.total == pytest.approx(100 * 0.010 + 100 * 0.020)
     assert sum(engine.itl.counts) == 200
     assert n == pytest.approx(4.0)
-    assert engine.tpot.total == pytest.approx(4.0 * 0.015)  # the token-weighted mean step
+    # half the requests finish after the first pass, half after both (the run's start)
+    assert engine.tpot.total == pytest.approx(2.0 * 0.010 + 2.0 * 0.015)
+    assert sum(engine.tpot.counts) == pytest.approx(4.0)
     assert engine.ttft.total == pytest.approx(4.0 * (0.005 + 0.015))
     assert signals.mean_step([]) != signals.mean_step([])  # NaN without decode
+
+
+def test_request_tpot_is_the_mean_of_the_passes_a_request_lived_through() -> None:
+    # five earlier passes at 10 ms, then three at 30 ms; outputs of 3 tokens span 2 passes
+    steps = [0.010] * 5 + [0.030] * 3
+    out = signals.request_tpot_samples(steps, [10.0, 5.0, 20.0], osl=3.0)
+    assert [v for v, _ in out] == pytest.approx([0.020, 0.030, 0.030])
+    assert [w for _, w in out] == [10.0, 5.0, 20.0]  # each pass's batch
+    # a spike shorter than an output is averaged out, one longer is not
+    spike = [0.010] * 100 + [0.040] * 10 + [0.010] * 100
+    short = signals.request_tpot_samples(spike, [1.0] * len(spike), osl=101.0)
+    assert max(v for v, _ in short) == pytest.approx(0.013)
+    long = signals.request_tpot_samples(spike, [1.0] * len(spike), osl=6.0)
+    assert max(v for v, _ in long) == pytest.approx(0.040)
+
+
+def test_the_decode_tpot_percentile_sees_busy_stretches_the_mean_hides() -> None:
+    engine = EngineFamilies("decode", "decode-0")
+    quiet = [_snap(0, 0.010, num_decode_requests=100)] * 900
+    busy = [_snap(0, 0.020, num_decode_requests=100)] * 100
+    signals.apply_decode(engine, quiet + busy, 1000.0, 50.0, 0.0)
+    mean = engine.itl.total / sum(engine.itl.counts)
+    assert mean == pytest.approx(0.011)
+    over = sum(c for b, c in zip(engine.tpot.bounds, engine.tpot.counts, strict=False) if b > 0.015)
+    assert over / sum(engine.tpot.counts) > 0.05  # more than a p95 allows is over 15 ms
 
 
 def test_last_load_reads_the_last_pass() -> None:

@@ -216,12 +216,18 @@ def server() -> Server:
 
 def policy_fingerprint() -> str:
     """A hash of the code a policy run executes on top of DynoSim: the policy, its queries
-    and metrics source, and the lab's signal path. A policy run's answer is remembered under
-    it, so a changed policy is replayed, never answered from an older run."""
+    and metrics source, the lab's signal path and the worker's (histogram buckets, perf
+    presets). A policy run's answer is remembered under it, so a changed policy is
+    replayed, never answered from an older run."""
     import pdfleet.autoscale
     import pdfleet_lab
+    import pdfleet_worker
 
-    packages = (Path(pdfleet.autoscale.__file__).parent, Path(pdfleet_lab.__file__).parent)
+    packages = (
+        Path(pdfleet.autoscale.__file__).parent,
+        Path(pdfleet_lab.__file__).parent,
+        Path(pdfleet_worker.__file__).parent,
+    )
     digest = hashlib.sha256()
     for root in packages:
         for path in sorted(root.rglob("*.py")):

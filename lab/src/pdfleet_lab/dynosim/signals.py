@@ -20,14 +20,18 @@ TTFT, ITL). It gives no per-request events. The families follow:
   waits for the queued tokens at the pass's rate, then its own prefill (PASTA: each pass is
   weighted by its duration, idle time by itself at the mean prompt's prefill time), scaled to
   the worker's estimated request count; decode TTFT as the KV transfer of the mean prompt
-  plus the worker's mean step; per-request time per output token as the worker's mean step
-  time in the tick (token-weighted).
+  plus the worker's mean step; per-request time per output token from the worker's passes:
+  a request decodes one token per pass of its worker, so one of the mean output length
+  that finishes at a pass had the mean time of the passes before it, back one output
+  (`request_tpot_samples`; the passes of earlier ticks carry over). Requests shorter or
+  longer than the mean would spread it further.
 Pure: no dynamo import.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +42,10 @@ from pdfleet_lab.exporter import NAMESPACE, SERVICE, EngineFamilies
 from pdfleet_lab.tsdb import SimPrometheus
 
 Snapshot = Mapping[str, Any]
+
+# Decode passes remembered per worker: a request of the mean output length lived through
+# that many (the workloads' outputs are a few hundred tokens).
+STEPS_KEPT = 8192
 
 
 def by_worker(snaps: Sequence[Snapshot]) -> dict[int, list[Snapshot]]:
@@ -89,6 +97,30 @@ def mean_step(passes: Sequence[Snapshot]) -> float:
     return sum(float(s["num_decode_requests"]) * float(s["wall_time"]) for s in passes) / tokens
 
 
+def request_tpot_samples(
+    steps: Sequence[float], batches: Sequence[float], osl: float
+) -> list[tuple[float, float]]:
+    """(time per output token, weight) of the requests finishing at each of a worker's last
+    `len(batches)` passes, whose wall times end `steps` (earlier passes before them).
+
+    A request of `osl` tokens gets its first from prefill and one per decode pass after, so
+    its time per output token is the mean of the `osl - 1` passes it finished with (fewer at
+    the start of the run). Of a pass's `batch` sequences, about `batch / osl` finish there:
+    the weight."""
+    span = max(1, round(osl) - 1)
+    first = len(steps) - len(batches)
+    sums = [0.0]
+    for wall in steps:
+        sums.append(sums[-1] + wall)
+    out: list[tuple[float, float]] = []
+    for i, batch in enumerate(batches):
+        end = first + i + 1
+        start = max(0, end - span)
+        if batch > 0:
+            out.append(((sums[end] - sums[start]) / (end - start), batch))
+    return out
+
+
 def apply_prefill(
     engine: EngineFamilies,
     passes: Sequence[Snapshot],
@@ -116,19 +148,24 @@ def apply_decode(
     mean_isl: float,
     mean_osl: float,
     kv_transfer_s: float,
+    earlier: Sequence[float] = (),
 ) -> float:
-    """A decode worker's tick into its families; returns the requests it is credited with."""
-    for s in passes:
-        batch = float(s["num_decode_requests"])
-        if batch > 0:
-            engine.decoded(batch, float(s["wall_time"]))
-    generated = sum(float(s["num_decode_requests"]) for s in passes)
-    requests = generated / mean_osl if mean_osl > 0 else 0.0
+    """A decode worker's tick into its families; returns the requests it is credited with.
+    `earlier`: the wall times of the worker's decode passes before this tick, oldest first
+    (the requests finishing now started in them)."""
+    decoding = [s for s in passes if float(s["num_decode_requests"]) > 0]
+    batches = [float(s["num_decode_requests"]) for s in decoding]
+    walls = [float(s["wall_time"]) for s in decoding]
+    for batch, wall in zip(batches, walls, strict=True):
+        engine.decoded(batch, wall)
+    requests = sum(batches) / mean_osl if mean_osl > 0 else 0.0
     step = mean_step(passes)
     if requests > 0 and not math.isnan(step):
         engine.prompt_tokens += requests * mean_isl  # the prompt again, as external KV
         engine.ttft.observe(kv_transfer_s + step, requests)
-        engine.tpot.observe(step, requests)
+        samples = request_tpot_samples([*earlier, *walls], batches, mean_osl)
+        for value, weight in scaled(samples, requests):
+            engine.tpot.observe(value, weight)
         engine.requests += requests
     return requests
 
@@ -171,6 +208,8 @@ class FleetSignals:
     percentile: float = 95.0
     window_s: float = 60.0
     engines: dict[tuple[str, int], EngineFamilies] = field(default_factory=dict)
+    # each decode worker's latest pass times, as long as the longest output needs
+    decode_steps: dict[int, deque[float]] = field(default_factory=dict)
     prometheus: SimPrometheus = field(default_factory=SimPrometheus)
     last_tick_s: float = 0.0
     source: PrometheusSource = field(init=False)
@@ -203,7 +242,11 @@ class FleetSignals:
                     apply_prefill(engine, passes, tick_s, isl, idle)
                 else:
                     kv_s = isl * self.kv_transfer_s_per_token
-                    apply_decode(engine, passes, isl, osl, kv_s)
+                    steps = self.decode_steps.setdefault(idx, deque(maxlen=STEPS_KEPT))
+                    apply_decode(engine, passes, isl, osl, kv_s, steps)
+                    steps.extend(
+                        float(s["wall_time"]) for s in passes if float(s["num_decode_requests"]) > 0
+                    )
                 waiting, usage = last_load(passes, role, self.kv_capacity_tokens)
                 engine.scrape(self.prometheus, now_s, waiting, usage)
 

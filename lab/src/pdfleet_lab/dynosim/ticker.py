@@ -93,6 +93,7 @@ class Ticker:
                 "ttft_prefill": pm.ttft_s if pm else nan,
                 "ttft_decode": dm.ttft_s if dm else nan,
                 "itl": dm.itl_s if dm else nan,
+                "tpot": dm.tpot_s if dm else nan,
                 "prefill_waiting": pm.num_requests_waiting if pm else nan,
             }
         )
