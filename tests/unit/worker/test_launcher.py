@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -116,7 +117,7 @@ def test_itl_buckets_fine_to_100_ms_then_vllms_own() -> None:
     assert bounds[:20] == [round(0.001 * i, 3) for i in range(1, 21)]  # every ms to 20 ms
     assert {0.0225, 0.025, 0.03, 0.035, 0.04, 0.05, 0.055, 0.095} <= set(bounds)
     # from 10 to 100 ms no bucket is wider than an eighth of its upper bound
-    steps = list(zip(bounds, bounds[1:], strict=False))
+    steps = list(itertools.pairwise(bounds))
     assert all(hi - lo <= 0.125 * hi + 1e-12 for lo, hi in steps if 0.01 <= lo < 0.1)
     # every one of vLLM's default bounds stays, so their le= series keep existing
     vllm_default = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0]
