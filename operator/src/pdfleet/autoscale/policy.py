@@ -262,10 +262,18 @@ class _RoleView:
     # Negative: a backlog is being worked off, and a latency over target is that backlog's
     # (the window's quantile lags it), not the load's now.
     queued: float = 0.0
+    # The latency the capacity model learns from, where it is not `latency`: decode's mean
+    # ITL. The percentile is read from buckets, and its steps inside one bucket would read
+    # as a slope; the mean is exact, and it moves with the load as the percentile does.
+    learned_latency: float | None = None
 
     @property
     def catching_up(self) -> bool:
         return self.queued < 0
+
+    @property
+    def fit_latency(self) -> float:
+        return self.latency if self.learned_latency is None else self.learned_latency
 
 
 def _finite(*values: float) -> bool:
@@ -364,6 +372,7 @@ def _views(
         "decode": _RoleView(
             demand=decode_arriving,
             latency=decode_latency(d),
+            learned_latency=d.itl_s if _finite(d.itl_s) else None,
             target=config.itl_target_s,
             x=d.generation_tokens_rate / max(fleet["decode"].ready, 1),
             waiting=d.num_requests_waiting,
@@ -728,7 +737,7 @@ def _learn(
             state,
             metrics.at_s,
             v.x,
-            v.latency,
+            v.fit_latency,
             v.target,
             config.capacity_half_life_s,
             before or None,
