@@ -1,8 +1,13 @@
-"""The `pdfleet` command: run the operator, render manifests, print the CRD.
+"""The `pdfleet` command: run the operator or an activator, render manifests, print the CRD.
 
 pdfleet operator run [--namespace NS ...] [--kubeconfig FILE]
+pdfleet activator --upstream URL --service NAMESPACE/NAME [--listen HOST:PORT]
+                  [--max-wait SECONDS] [--kubeconfig FILE]
 pdfleet render -f FILE [--replicas prefill=2 --replicas decode=3] [--http-route NS/GATEWAY]
 pdfleet crd
+
+The activator (pdfleet.activator) holds one service's requests while it is at zero; the
+operator does not deploy it yet (docs/design/scale-to-zero.md).
 
 The autoscaler's benchmark is not part of the operator: `python -m pdfleet_lab.bench`.
 """
@@ -171,6 +176,50 @@ def cmd_operator_run(args: argparse.Namespace) -> int:
     return 1 if lost.is_set() else 0
 
 
+def cmd_activator(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from pdfleet.activator import server
+    from pdfleet.activator.wake import AnnotationWake
+    from pdfleet.kube.api import load_api_client
+
+    namespace, name = args.service
+    host, port = args.listen
+    settings = server.Settings(
+        upstream=args.upstream,
+        max_wait_s=args.max_wait,
+        service=f"{namespace}/{name}",
+        retry_after_s=args.retry_after,
+        wake_every_s=args.wake_every,
+    )
+    # In-cluster credentials unless a kubeconfig is given; loaded now, so a pod without them
+    # fails at start rather than at its first wake.
+    wake = AnnotationWake(load_api_client(args.kubeconfig), namespace, name)
+    asyncio.run(server.run(server.Activator(settings, wake), host, port))
+    return 0
+
+
+def _service_ref(value: str) -> tuple[str, str]:
+    namespace, _, name = value.partition("/")
+    if not namespace or not name or "/" in name:
+        raise argparse.ArgumentTypeError(f"NAMESPACE/NAME, not {value!r}")
+    return namespace, name
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"HOST:PORT, not {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _seconds(value: str) -> float:
+    seconds = float(value)
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"a positive number of seconds, not {value!r}")
+    return seconds
+
+
 def _standby_health(host: str, port: int) -> http.server.HTTPServer:
     """/healthz -> 200 while this replica waits for the lease (liveness must not kill it)."""
 
@@ -243,6 +292,48 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"))
     run.add_argument("--lease-name", default="pdfleet-operator")
     run.add_argument("--identity", default=os.environ.get("POD_NAME"))
+
+    activator = commands.add_parser(
+        "activator", help="hold a service's requests while it is at zero, and wake it"
+    )
+    activator.add_argument(
+        "--upstream",
+        required=True,
+        metavar="URL",
+        help="the router Service, e.g. http://svc-router.ns:8000",
+    )
+    activator.add_argument(
+        "--service",
+        required=True,
+        type=_service_ref,
+        metavar="NAMESPACE/NAME",
+        help="the InferenceService to wake",
+    )
+    activator.add_argument(
+        "--listen", type=_host_port, default=("0.0.0.0", 8080), metavar="HOST:PORT"
+    )
+    activator.add_argument(
+        "--max-wait",
+        type=_seconds,
+        default=300.0,
+        metavar="SECONDS",
+        help="hold a request this long at most, then answer 503",
+    )
+    activator.add_argument(
+        "--retry-after",
+        type=_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="the Retry-After of that 503",
+    )
+    activator.add_argument(
+        "--wake-every",
+        type=_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="signal the wake again this often while requests wait",
+    )
+    activator.add_argument("--kubeconfig", default=None, help="default: in-cluster credentials")
     return parser
 
 
@@ -259,6 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_render(args)
     if args.command == "crd":
         return cmd_crd(args)
+    if args.command == "activator":
+        return cmd_activator(args)
     return cmd_operator_run(args)
 
 

@@ -40,3 +40,6 @@ DRAINING = f"{GROUP}/draining"
 MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"
 # Change its value on an InferenceService to run the KV transport preflight again.
 PREFLIGHT_RERUN = f"{GROUP}/kv-preflight"
+# Set by the activator (pdfleet.activator.wake) on its InferenceService when it holds a request
+# for a service at zero (value: RFC 3339 time of the signal): the change wakes the operator.
+WAKE_REQUESTED = f"{GROUP}/wake-requested"

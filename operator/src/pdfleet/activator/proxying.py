@@ -1,0 +1,97 @@
+"""The activator's proxy rules, pure: which headers pass, and what it answers by itself.
+
+Where it fits: pdfleet.activator.server copies requests to the router and answers back through
+`request_headers()` and `response_headers()`, and answers with `expired()` (a request held
+past maxWait) or `upstream_failed()` (the router could not be reached) when no answer of the
+router's can be passed on. The errors take the OpenAI shape that vLLM and its clients read:
+`{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+# RFC 9110 7.6.1: they describe one connection, not the message, so a proxy drops them (and
+# any header the Connection header names).
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# The client for the router sets these itself: Host is the router Service's own name;
+# Content-Length follows the body the activator read in full; an Expect: 100-continue, already
+# answered to the client, would make the router's client wait for a second "100".
+REQUEST_SET_BY_CLIENT = frozenset({"host", "content-length", "expect"})
+
+
+def _passed(headers: Iterable[tuple[str, str]], dropped: frozenset[str]) -> list[tuple[str, str]]:
+    headers = list(headers)
+    named = {
+        token.strip().lower()
+        for name, value in headers
+        if name.lower() == "connection"
+        for token in value.split(",")
+    }
+    return [(n, v) for n, v in headers if (low := n.lower()) not in dropped and low not in named]
+
+
+def request_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The client's headers as the router gets them, repeated ones kept, in order."""
+    return _passed(headers, HOP_BY_HOP | REQUEST_SET_BY_CLIENT)
+
+
+def response_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The router's headers as the client gets them. Content-Length and Content-Encoding
+    stay: the body passes byte for byte, never decompressed."""
+    return _passed(headers, HOP_BY_HOP)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A response of the activator's own."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+def _error(status: int, kind: str, message: str, *extra: tuple[str, str]) -> Answer:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return Answer(status, (("Content-Type", "application/json"), *extra), json.dumps(body).encode())
+
+
+def expired(*, service: str, max_wait_s: float, retry_after_s: float, woke: bool) -> Answer:
+    """503 for a request held `max_wait_s` while the router had no prefill/decode pair.
+    `woke`: whether the last wake signal reached the API server (if not, the message says so:
+    the operator never heard of this request)."""
+    who = service or "the service"
+    cause = (
+        f"woke {who} but no prefill/decode pair was ready"
+        if woke
+        else f"could not signal {who} to wake, and no prefill/decode pair was ready"
+    )
+    return _error(
+        503,
+        "service_unavailable",
+        f"pdfleet activator: {cause} within maxWait {max_wait_s:g}s; retry later",
+        ("Retry-After", str(max(1, math.ceil(retry_after_s)))),
+    )
+
+
+def upstream_failed(*, upstream: str, error: str) -> Answer:
+    """502 for a request forwarded to a router that did not answer (refused, reset, timed
+    out before its response began)."""
+    return _error(
+        502, "bad_gateway", f"pdfleet activator: the router at {upstream} did not answer: {error}"
+    )

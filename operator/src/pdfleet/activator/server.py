@@ -1,0 +1,466 @@
+"""The activator's I/O: a reverse proxy in front of a service's router that holds requests
+while the service is at zero, wakes it, and forwards them in arrival order once it is up.
+
+Where it fits: `pdfleet activator` (pdfleet.cli) runs one `Activator` for one InferenceService;
+hold.py decides, proxying.py says what passes and what the activator answers itself, and this
+module does the waiting: it listens, polls the router's `GET /readiness` (200 once it has a
+healthy prefill/decode pair, docs/design/scale-to-zero.md), forwards and streams, and calls
+the injected `wake` (wake.py's annotation in a cluster, a fake in tests) in a task of its own,
+so no request ever waits on the API server. The operator does not deploy it yet.
+
+`/healthz` and `/metrics` are the activator's own paths; every other one is the router's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
+from yarl import URL
+
+from pdfleet.activator import proxying
+from pdfleet.activator.hold import Activity, HoldQueue, Ticket, Verdict, should_wake
+
+log = logging.getLogger(__name__)
+
+Wake = Callable[[], Awaitable[None]]
+
+OWN_PATHS = ("/healthz", "/metrics")
+
+
+@dataclass(frozen=True)
+class Settings:
+    upstream: str
+    """The router Service's base URL, e.g. http://svc-router.ns:8000."""
+    max_wait_s: float = 300.0
+    service: str = ""
+    """NAMESPACE/NAME of the InferenceService, for the 503's message and the logs."""
+    retry_after_s: float = 30.0
+    wake_every_s: float = 30.0
+    """While requests stay held, the wake signal is sent again this often."""
+    poll_held_s: float = 0.5
+    """/readiness is polled this often while anything is held..."""
+    poll_idle_s: float = 2.0
+    """...and this often otherwise (a stale "ready" sends a request to a router at zero)."""
+    readiness_timeout_s: float = 1.0
+    connect_timeout_s: float = 5.0
+    release_step_s: float = 0.25
+    """The longest a released request holds up the next one while it connects."""
+    max_body_bytes: int = 256 * 1024 * 1024
+    shutdown_timeout_s: float = 3600.0
+    """In-flight streams finish on SIGTERM; the pod's grace period is the real bound."""
+
+
+class _Metrics:
+    """The activator's series, in a registry of its own (one activator per process; tests run
+    several at once)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(f"pdfleet_activator_{name}", doc, registry=registry)
+
+        self.requests = counter("requests_total", "Requests received for the router.")
+        self.held = counter("held_total", "Requests held because the router had no pair.")
+        self.expired = counter("expired_total", "Held requests answered 503 after maxWait.")
+        self.forwarded = counter("forwarded_total", "Requests the router answered (any status).")
+        self.upstream_errors = counter(
+            "upstream_errors_total",
+            "Forwarded requests the router did not answer (502), or whose answer broke off.",
+        )
+        self.wakes = counter("wake_signals_total", "Wake signals started.")
+        self.wake_errors = counter("wake_errors_total", "Wake signals that failed.")
+        self.gauges = {
+            name: Gauge(f"pdfleet_activator_{name}", doc, registry=registry)
+            for name, doc in (
+                ("requests_held", "Requests held now."),
+                (
+                    "requests_in_flight",
+                    "Requests received and not yet answered in full, held included.",
+                ),
+                ("upstream_ready", "1 while the router's /readiness last said 200."),
+                (
+                    "last_activity_timestamp_seconds",
+                    "Unix time a request last arrived or finished (the process start before "
+                    "any): with in_flight 0, the service is idle since then.",
+                ),
+            )
+        }
+
+
+class Activator:
+    """One service's activator: `app()` is the aiohttp application to serve."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        wake: Wake,
+        *,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self._upstream = settings.upstream.rstrip("/")
+        self._wake = wake
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self.registry = registry or CollectorRegistry()
+        self._metrics = _Metrics(self.registry)
+        self.queue = HoldQueue(settings.max_wait_s)
+        self.activity = Activity(last_s=wall_clock())
+        self.ready = False
+        self._last_ready_s: float | None = None
+        self._last_wake_s: float | None = None
+        self._wake_failed = False
+        self._wake_task: asyncio.Task[None] | None = None
+        self._waiting: dict[int, asyncio.Future[Verdict]] = {}
+        self._on_way: dict[int, asyncio.Event] = {}
+        self._poll_now = asyncio.Event()
+        self._dispatch_now = asyncio.Event()
+        self._session: aiohttp.ClientSession | None = None
+        gauges = self._metrics.gauges
+        gauges["requests_held"].set_function(lambda: self.queue.held)
+        gauges["requests_in_flight"].set_function(lambda: self.activity.in_flight)
+        gauges["upstream_ready"].set_function(lambda: int(self.ready))
+        gauges["last_activity_timestamp_seconds"].set_function(lambda: self.activity.last_s)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.settings.max_body_bytes)
+        app.router.add_route("*", "/healthz", self._healthz)
+        app.router.add_route("*", "/metrics", self._metrics_page)
+        app.router.add_route("*", "/{path:.*}", self._proxy)
+        app.cleanup_ctx.append(self._running)
+        return app
+
+    async def _running(self, _: web.Application) -> AsyncIterator[None]:
+        """The client for the router and the two background loops, for the app's lifetime."""
+        trace = aiohttp.TraceConfig()
+        trace.on_request_headers_sent.append(_headers_sent)
+        self._session = aiohttp.ClientSession(
+            # No pool limit: every stream holds a connection for its whole length.
+            connector=aiohttp.TCPConnector(limit=0),
+            # No total or read timeout: a non-streamed completion can take minutes.
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout_s),
+            # The body passes byte for byte; the client's own headers, and none added.
+            auto_decompress=False,
+            skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"),
+            # A shared jar would hand one client's cookies to the next.
+            cookie_jar=aiohttp.DummyCookieJar(),
+            trace_configs=[trace],
+        )
+        await self._poll_once()
+        tasks = [
+            asyncio.create_task(self._poll_readiness(), name="activator-readiness"),
+            asyncio.create_task(self._dispatch(), name="activator-dispatch"),
+        ]
+        try:
+            yield
+        finally:
+            if self._wake_task is not None:
+                tasks.append(self._wake_task)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._session.close()
+
+    # The activator's own pages.
+
+    async def _healthz(self, request: web.Request) -> web.StreamResponse:
+        _own_method(request)
+        return web.Response(text="ok\n")
+
+    async def _metrics_page(self, request: web.Request) -> web.StreamResponse:
+        _own_method(request)
+        return web.Response(
+            body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    # Every other path: the router's.
+
+    async def _proxy(self, request: web.Request) -> web.StreamResponse:
+        self._metrics.requests.inc()
+        self.activity.arrived(self._wall_clock())
+        try:
+            ticket = self.queue.arrive(ready=self.ready, now_s=self._clock())
+            if ticket is None:
+                return await self._forward(request, await request.read(), None)
+            waiter = self._hold(ticket)
+            try:
+                body = await request.read()  # the body comes in while the request waits
+                outcome = await waiter
+            except BaseException:  # the client left (aiohttp cancels its handler), or its body
+                # broke off or was too large: out of the queue, and the next goes
+                self._off_queue(ticket)
+                raise
+            finally:
+                self._waiting.pop(ticket.seq, None)
+            if outcome is Verdict.EXPIRE:
+                return self._answer(
+                    proxying.expired(
+                        service=self.settings.service,
+                        max_wait_s=self.settings.max_wait_s,
+                        retry_after_s=self.settings.retry_after_s,
+                        woke=not self._wake_failed,
+                    )
+                )
+            return await self._forward(request, body, functools.partial(self._off_queue, ticket))
+        finally:
+            self.activity.finished(self._wall_clock())
+
+    def _hold(self, ticket: Ticket) -> asyncio.Future[Verdict]:
+        waiter: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+        self._waiting[ticket.seq] = waiter
+        self._metrics.held.inc()
+        if self.queue.held == 1:
+            log.info("holding requests: the router at %s has no ready pair", self._upstream)
+            self._poll_now.set()  # e.g. just started: the router may be ready already
+        self._dispatch_now.set()
+        return waiter
+
+    async def _forward(
+        self, request: web.Request, body: bytes, on_sent: Callable[[], None] | None
+    ) -> web.StreamResponse:
+        """Send the request on and stream the answer back as it comes (SSE: token by token).
+        `on_sent`: called once the request has its connection to the router (or failed)."""
+        url = URL(self._upstream + request.raw_path, encoded=True)
+        try:
+            upstream = await self._require_session().request(
+                request.method,
+                url,
+                headers=proxying.request_headers(request.headers.items()),
+                data=body or None,
+                allow_redirects=False,
+                trace_request_ctx=on_sent,
+            )
+        except (aiohttp.ClientError, TimeoutError) as error:
+            self._metrics.upstream_errors.inc()
+            log.warning("%s %s: the router did not answer: %r", request.method, url.path, error)
+            return self._answer(
+                proxying.upstream_failed(upstream=self._upstream, error=_describe(error))
+            )
+        finally:
+            if on_sent is not None:
+                on_sent()
+        self._metrics.forwarded.inc()
+        try:
+            return await self._stream(request, upstream)
+        finally:
+            # Read to the end, the connection is back in the pool already and this does
+            # nothing; otherwise (the client left, the stream broke) it drops the connection,
+            # and the router aborts the request.
+            upstream.close()
+
+    async def _stream(
+        self, request: web.Request, upstream: aiohttp.ClientResponse
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            status=upstream.status,
+            reason=upstream.reason,
+            headers=proxying.response_headers(upstream.headers.items()),
+        )
+        await response.prepare(request)
+        while True:
+            try:
+                chunk = await upstream.content.readany()
+            except (aiohttp.ClientError, TimeoutError) as error:
+                self._metrics.upstream_errors.inc()
+                log.warning("%s %s: the router's answer broke off: %r", request.method,
+                            request.path, error)  # fmt: skip
+                # The status is out already: cut the connection, as the router itself does when
+                # a worker dies mid-stream, so that the client cannot take the answer as whole.
+                if request.transport is not None:
+                    request.transport.close()
+                return response
+            if not chunk:
+                break
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+
+    def _answer(self, answer: proxying.Answer) -> web.Response:
+        return web.Response(status=answer.status, headers=answer.headers, body=answer.body)
+
+    def _require_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("the activator's app is not running")
+        return self._session
+
+    # The dispatcher: releases held requests in arrival order, expires the overdue ones.
+
+    async def _dispatch(self) -> None:
+        while True:
+            now = self._clock()
+            step = self.queue.step(ready=self.ready, now_s=now)
+            for ticket in step.expired:
+                self._metrics.expired.inc()
+                self._settle(ticket, Verdict.EXPIRE)
+            if step.expired:
+                log.warning("%d held request(s) answered 503: no pair within maxWait %gs",
+                            len(step.expired), self.settings.max_wait_s)  # fmt: skip
+            if step.release is not None:
+                await self._release(step.release)
+                continue
+            if should_wake(
+                ready=self.ready,
+                held=self.queue.held,
+                now_s=now,
+                last_wake_s=self._last_wake_s,
+                last_ready_s=self._last_ready_s,
+                every_s=self.settings.wake_every_s,
+            ):
+                self._signal_wake(now)
+            timeout = None
+            if self.queue.held:
+                deadline = self.queue.next_deadline_s()
+                until_deadline = self.settings.poll_held_s if deadline is None else deadline - now
+                timeout = max(0.0, min(until_deadline, self.settings.poll_held_s))
+            await _wait(self._dispatch_now, timeout)
+
+    async def _release(self, ticket: Ticket) -> None:
+        """Let one held request go, and the next only once this one has its connection to the
+        router and is being written (or after `release_step_s`): they reach it in order."""
+        waiter = self._waiting.get(ticket.seq)
+        if waiter is None or waiter.done():  # its client left in the meantime
+            self.queue.sent(ticket)
+            return
+        on_way = self._on_way[ticket.seq] = asyncio.Event()
+        waiter.set_result(Verdict.FORWARD)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(on_way.wait(), self.settings.release_step_s)
+        self._on_way.pop(ticket.seq, None)
+        self.queue.sent(ticket)
+
+    def _off_queue(self, ticket: Ticket) -> None:
+        """A held request is on its way to the router, or its client left: the next may go."""
+        self.queue.leave(ticket)
+        if (on_way := self._on_way.get(ticket.seq)) is not None:
+            on_way.set()
+        self._dispatch_now.set()
+
+    def _settle(self, ticket: Ticket, outcome: Verdict) -> None:
+        waiter = self._waiting.get(ticket.seq)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(outcome)
+
+    # Waking.
+
+    def _signal_wake(self, now: float) -> None:
+        if self._wake_task is not None and not self._wake_task.done():
+            return  # one at a time: a slow API server must not pile them up
+        self._last_wake_s = now
+        self._wake_task = asyncio.create_task(self._run_wake(), name="activator-wake")
+
+    async def _run_wake(self) -> None:
+        self._metrics.wakes.inc()
+        try:
+            await self._wake()
+        except Exception as error:
+            self._wake_failed = True
+            self._metrics.wake_errors.inc()
+            log.warning("wake signal for %s failed: %s", self.settings.service or "?", error)
+        else:
+            self._wake_failed = False
+            log.info("wake signalled for %s", self.settings.service or "?")
+
+    # The router's readiness.
+
+    async def _poll_readiness(self) -> None:
+        while True:
+            interval = self.settings.poll_held_s if self.queue.busy else self.settings.poll_idle_s
+            await _wait(self._poll_now, interval)
+            await self._poll_once()
+
+    async def _poll_once(self) -> None:
+        ready = await self._probe()
+        if ready:
+            self._last_ready_s = self._clock()
+        if ready != self.ready:
+            log.info("the router at %s is %s", self._upstream, "ready" if ready else "not ready")
+            self.ready = ready
+            self._dispatch_now.set()
+
+    async def _probe(self) -> bool:
+        """Whether the router has a ready pair; a refused connection or a timeout is "no"."""
+        try:
+            async with self._require_session().get(
+                self._upstream + "/readiness",
+                timeout=aiohttp.ClientTimeout(total=self.settings.readiness_timeout_s),
+            ) as response:
+                await response.read()
+                return response.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+
+async def _headers_sent(
+    _: aiohttp.ClientSession,
+    context: SimpleNamespace,
+    __: aiohttp.TraceRequestHeadersSentParams,
+) -> None:
+    """A released request has its connection and is being written: let the next one go."""
+    on_sent = context.trace_request_ctx
+    if callable(on_sent):
+        on_sent()
+
+
+def _own_method(request: web.Request) -> None:
+    if request.method not in ("GET", "HEAD"):
+        raise web.HTTPMethodNotAllowed(request.method, ["GET", "HEAD"])
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, TimeoutError):
+        return "timed out connecting"
+    return str(error) or type(error).__name__
+
+
+async def _wait(event: asyncio.Event, within_s: float | None) -> None:
+    """Until `event` is set (then clear it: one wake-up per batch of kicks) or `within_s`."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), within_s)
+    event.clear()
+
+
+async def serve(activator: Activator, host: str, port: int) -> web.AppRunner:
+    """Start serving; `runner.addresses` says where (port 0: an ephemeral one)."""
+    runner = web.AppRunner(
+        activator.app(),
+        # A client that leaves cancels its handler: a held request leaves the queue, and a
+        # forwarded one's connection to the router closes, which aborts it there too.
+        handler_cancellation=True,
+        shutdown_timeout=activator.settings.shutdown_timeout_s,
+    )
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+async def run(activator: Activator, host: str, port: int) -> None:
+    """Serve until SIGTERM or SIGINT, then let what is in flight finish."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    runner = await serve(activator, host, port)
+    log.info("activator for %s on %s:%d, router %s, maxWait %gs", activator.settings.service,
+             host, port, activator.settings.upstream, activator.settings.max_wait_s)  # fmt: skip
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()

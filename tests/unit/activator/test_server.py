@@ -1,0 +1,250 @@
+"""The activator as a process sees it: a real aiohttp router stand-in on 127.0.0.1, a real
+activator in front of it, and an HTTP client. Forward and stream while the router is ready;
+hold, wake once and release in arrival order while it is not; 503 past maxWait; 502 when the
+router does not answer; its own /healthz and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdfleet.activator import server
+from tests.unit.activator.fakes import Fleet, until
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def metric_values(url: str) -> dict[str, float]:
+    async with aiohttp.ClientSession() as client, client.get(url + "/metrics") as response:
+        assert response.status == 200
+        text = await response.text()
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("pdfleet_activator_")
+    }
+
+
+async def held(activator: server.Activator, count: int) -> None:
+    await until(lambda: activator.queue.held == count)
+
+
+async def post(
+    client: aiohttp.ClientSession, url: str, seq: int, **kwargs: Any
+) -> tuple[int, dict[str, Any], dict[str, str]]:
+    async with client.post(url, json={"seq": seq}, headers={"X-Seq": str(seq)}, **kwargs) as r:
+        return r.status, await r.json(), dict(r.headers)
+
+
+async def test_forwards_at_once_while_ready_and_streams_events_as_they_come(fleet: Fleet) -> None:
+    fleet.router.ready = True
+    activator, url = await fleet.start_activator(await fleet.start_router())
+    assert activator.ready  # polled once before serving
+
+    async with (
+        aiohttp.ClientSession() as client,
+        client.post(url + "/v1/stream", json={"stream": True}, headers={"X-Seq": "0"}) as r,
+    ):
+        assert r.status == 200
+        assert r.headers["Content-Type"] == "text/event-stream"
+        first = await asyncio.wait_for(r.content.readuntil(b"\n\n"), 5)
+        # The router has sent one event and waits for this reader: nothing was buffered.
+        assert first == b"data: 1\n\n"
+        assert not fleet.router.stream_finished
+        fleet.router.read_first.set()
+        rest = await r.content.read()
+    assert rest == b"data: 2\n\ndata: [DONE]\n\n"
+    assert fleet.router.waited_for_reader is True
+    assert fleet.wakes.calls == 0
+    values = await metric_values(url)
+    assert values["pdfleet_activator_held_total"] == 0
+    assert values["pdfleet_activator_forwarded_total"] == 1
+
+
+async def test_passes_method_path_query_headers_and_body_as_they_are(fleet: Fleet) -> None:
+    fleet.router.ready = True
+    _, url = await fleet.start_activator(await fleet.start_router())
+    async with (
+        aiohttp.ClientSession(skip_auto_headers=("Accept-Encoding", "User-Agent")) as client,
+        client.put(
+            url + "/v1/x%2Fy/completions?b=2&a=%20",
+            data=b'{"prompt": "hi"}',
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": "Bearer sk-1",
+                "Connection": "keep-alive, X-Per-Hop",
+                "X-Per-Hop": "1",
+                "X-Seq": "7",
+            },
+        ) as r,
+    ):
+        assert r.status == 200
+        echo = await r.json()
+        assert r.headers["X-From-Router"] == "1"
+    assert echo["method"] == "PUT"
+    assert echo["path_qs"] == "/v1/x%2Fy/completions?b=2&a=%20"
+    assert echo["body"] == '{"prompt": "hi"}'
+    got = {name.lower(): value for name, value in echo["headers"]}
+    assert got["authorization"] == "Bearer sk-1"
+    assert got["content-type"] == "application/json"
+    assert got["content-length"] == "16"
+    assert "x-per-hop" not in got
+    # None added on the way: the router would compress for a client that cannot read it.
+    assert "accept-encoding" not in got
+    assert "user-agent" not in got
+
+
+async def test_holds_twenty_wakes_once_and_forwards_all_in_arrival_order(fleet: Fleet) -> None:
+    activator, url = await fleet.start_activator(await fleet.start_router(), max_wait_s=20.0)
+    assert not activator.ready
+    async with aiohttp.ClientSession() as client:
+        requests = []
+        for seq in range(20):
+            requests.append(asyncio.create_task(post(client, url + "/v1/completions", seq)))
+            await held(activator, seq + 1)
+            if seq == 0:
+                await until(lambda: fleet.wakes.calls == 1)
+        await asyncio.sleep(0.1)  # a few more polls and dispatcher turns: still held, no wake
+        assert activator.queue.held == 20
+        assert fleet.router.seen == []
+        values = await metric_values(url)
+        assert values["pdfleet_activator_requests_held"] == 20
+        assert values["pdfleet_activator_requests_in_flight"] == 20
+        assert values["pdfleet_activator_upstream_ready"] == 0
+
+        fleet.router.ready = True
+        answers = await asyncio.wait_for(asyncio.gather(*requests), 10)
+
+    assert [status for status, _, _ in answers] == [200] * 20
+    assert [json.loads(echo["body"])["seq"] for _, echo, _ in answers] == list(range(20))
+    assert fleet.router.seen == [str(seq) for seq in range(20)]
+    assert fleet.wakes.calls == 1
+    values = await metric_values(url)
+    assert values["pdfleet_activator_held_total"] == 20
+    assert values["pdfleet_activator_forwarded_total"] == 20
+    assert values["pdfleet_activator_expired_total"] == 0
+    assert values["pdfleet_activator_wake_signals_total"] == 1
+    assert values["pdfleet_activator_requests_held"] == 0
+    assert values["pdfleet_activator_requests_in_flight"] == 0
+
+
+async def test_a_request_held_past_max_wait_gets_503_with_retry_after(fleet: Fleet) -> None:
+    _, url = await fleet.start_activator(
+        await fleet.start_router(), max_wait_s=0.3, retry_after_s=7.0
+    )
+    started = time.monotonic()
+    async with aiohttp.ClientSession() as client:
+        status, body, headers = await post(client, url + "/v1/completions", 0)
+    waited = time.monotonic() - started
+    assert status == 503
+    assert headers["Retry-After"] == "7"
+    assert body == {
+        "error": {
+            "message": "pdfleet activator: woke ns/svc but no prefill/decode pair was ready "
+            "within maxWait 0.3s; retry later",
+            "type": "service_unavailable",
+            "param": None,
+            "code": 503,
+        }
+    }
+    assert 0.3 <= waited < 1.5
+    assert fleet.router.seen == []
+    assert fleet.wakes.calls == 1
+    values = await metric_values(url)
+    assert values["pdfleet_activator_expired_total"] == 1
+    assert values["pdfleet_activator_forwarded_total"] == 0
+
+
+async def test_a_failed_wake_is_counted_and_named_in_the_503(fleet: Fleet) -> None:
+    fleet.wakes.fail = True
+    _, url = await fleet.start_activator(await fleet.start_router(), max_wait_s=0.2)
+    async with aiohttp.ClientSession() as client:
+        status, body, _ = await post(client, url + "/v1/completions", 0)
+    assert status == 503
+    assert body["error"]["message"].startswith("pdfleet activator: could not signal ns/svc")
+    values = await metric_values(url)
+    assert values["pdfleet_activator_wake_errors_total"] == 1
+
+
+async def test_a_router_that_refuses_while_ready_gets_a_502(fleet: Fleet) -> None:
+    fleet.router.ready = True
+    upstream = await fleet.start_router()
+    activator, url = await fleet.start_activator(upstream, poll_idle_s=60.0)
+    assert activator.ready
+    assert fleet.router_server is not None
+    await fleet.router_server.close()  # e.g. the router's SIGTERM: its listener closes at once
+
+    async with aiohttp.ClientSession() as client:
+        status, body, _ = await post(client, url + "/v1/completions", 0)
+    assert status == 502
+    assert body["error"]["type"] == "bad_gateway"
+    assert body["error"]["message"].startswith(
+        f"pdfleet activator: the router at {upstream} did not answer: "
+    )
+    values = await metric_values(url)
+    assert values["pdfleet_activator_upstream_errors_total"] == 1
+    assert values["pdfleet_activator_forwarded_total"] == 0
+
+
+async def test_a_stream_that_breaks_off_is_cut_not_ended(fleet: Fleet) -> None:
+    fleet.router.ready = True
+    _, url = await fleet.start_activator(await fleet.start_router())
+    async with aiohttp.ClientSession() as client, client.post(url + "/v1/broken") as r:
+        assert r.status == 200
+        assert await r.content.readuntil(b"\n\n") == b"data: 1\n\n"
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await r.content.read()
+    values = await metric_values(url)
+    assert values["pdfleet_activator_upstream_errors_total"] == 1
+
+
+async def test_a_client_that_leaves_while_held_is_never_forwarded(fleet: Fleet) -> None:
+    activator, url = await fleet.start_activator(await fleet.start_router(), max_wait_s=20.0)
+    async with aiohttp.ClientSession() as client:
+        gone = asyncio.create_task(post(client, url + "/v1/completions", 0))
+        await until(lambda: activator.queue.held == 1)
+        gone.cancel()
+        await until(lambda: activator.queue.held == 0 and activator.activity.in_flight == 0)
+        fleet.router.ready = True
+        await until(lambda: activator.ready)
+        status, _, _ = await post(client, url + "/v1/completions", 1)
+    assert status == 200
+    assert fleet.router.seen == ["1"]
+
+
+async def test_metrics_and_healthz_are_the_activators_own(fleet: Fleet) -> None:
+    fleet.router.ready = True
+    activator, url = await fleet.start_activator(
+        await fleet.start_router(), max_wait_s=0.2, wall_clock=lambda: 1_700_000_000.0
+    )
+    async with aiohttp.ClientSession() as client:
+        async with client.get(url + "/healthz") as r:
+            assert (r.status, await r.text()) == (200, "ok\n")
+        assert (await post(client, url + "/v1/completions", 0))[0] == 200
+        fleet.router.ready = False
+        await until(lambda: not activator.ready)
+        assert (await post(client, url + "/v1/completions", 1))[0] == 503
+        async with client.post(url + "/metrics") as r:
+            assert r.status == 405
+    assert fleet.router.seen == ["0"]  # /healthz and /metrics never reached the router
+    values = await metric_values(url)
+    assert {name: values[name] for name in values if not name.endswith("_created")} == {
+        "pdfleet_activator_requests_total": 2,
+        "pdfleet_activator_held_total": 1,
+        "pdfleet_activator_expired_total": 1,
+        "pdfleet_activator_forwarded_total": 1,
+        "pdfleet_activator_upstream_errors_total": 0,
+        "pdfleet_activator_wake_signals_total": 1,
+        "pdfleet_activator_wake_errors_total": 0,
+        "pdfleet_activator_requests_held": 0,
+        "pdfleet_activator_requests_in_flight": 0,
+        "pdfleet_activator_upstream_ready": 0,
+        "pdfleet_activator_last_activity_timestamp_seconds": 1_700_000_000.0,
+    }
