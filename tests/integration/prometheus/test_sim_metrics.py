@@ -237,11 +237,19 @@ def test_mean_ttft_and_itl_match_the_latency_model(loaded: Loaded) -> None:
 def test_every_role_query_is_finite_and_sensible(loaded: Loaded) -> None:
     m = _window(loaded)
     assert m.prefill is not None and m.decode is not None
-    queried = set(promql.role_queries(promql.RoleSeries(NAMESPACE, SERVICE, "prefill"), 50, 60))
+    queried = {
+        role: set(promql.role_queries(promql.RoleSeries(NAMESPACE, SERVICE, role), 50, 60))
+        for role in ("prefill", "decode")
+    }
     p, d = m.prefill, m.decode
-    for name in {f.name for f in fields(RoleMetrics)} - queried:
-        # Fields no query fills yet (the burst peak, docs/autoscaling.md) must read as NaN.
-        assert math.isnan(getattr(p, name)) and math.isnan(getattr(d, name)), name
+    for role, rm in (("prefill", p), ("decode", d)):
+        for name in {f.name for f in fields(RoleMetrics)} - queried[role]:
+            # Fields no query fills for the role (decode's per-request TPOT on prefill pods)
+            # must read as NaN.
+            assert math.isnan(getattr(rm, name)), (role, name)
+    # Every request finished in the window: the decode's per-request percentile is read.
+    assert queried["decode"] - queried["prefill"] == {"tpot_s"}
+    assert math.isfinite(d.tpot_s) and d.tpot_s > 0
     for role, rm in (("prefill", p), ("decode", d)):
         for name in ("request_rate", "prompt_tokens_rate", "generation_tokens_rate"):
             assert math.isfinite(getattr(rm, name)) and getattr(rm, name) > 0, (role, name)
@@ -321,7 +329,10 @@ def test_the_fault_suites_prometheus_proxy_gives_each_reason(
         m = source.window(NAMESPACE, SERVICE, time.time(), PERCENTILE, loaded.window_s)
         config = PolicyConfig(ttft_target_s=1.0, itl_target_s=0.05)
         assert metrics_problem(time.time(), config, m) == reason
-        queries = 2 * len(promql.role_queries(promql.RoleSeries(NAMESPACE, SERVICE, "x"), 50, 60))
+        queries = sum(
+            len(promql.role_queries(promql.RoleSeries(NAMESPACE, SERVICE, role), 50, 60))
+            for role in ("prefill", "decode")
+        )
         queries += len(promql.slo_bucket_queries(NAMESPACE, SERVICE, 60))  # SLO attainment
         assert proxy.rewritten == (0 if mode == "pass" else queries)
 

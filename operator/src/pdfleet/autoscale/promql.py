@@ -127,11 +127,12 @@ def role_queries(target: RoleSeries, percentile: float, window_s: float) -> dict
 
     Decode is judged on the percentile of per-request time per output token (`tpot_s`), the
     quantity an ITL objective counts per request: a window-mean ITL under the target hides
-    the requests that lived through the busiest batches. The worker's 5 ms buckets (the
-    agent's `--custom-histogram-buckets`; vLLM's own are 10, 25, 50 ms) make "more than the
-    percentile's share over the target" exact at a target on the grid. The mean ITL
-    (`itl_s`) stands in while no request finished in the window. Prefill pods finish each
-    request after its first token, so only decode is asked for it."""
+    the requests that lived through the busiest batches. The worker's buckets (the agent's
+    `--custom-histogram-buckets`, a millisecond apart up to 20 ms; vLLM's own are 10, 25,
+    50 ms) make "more than the percentile's share over the target" exact at a target on the
+    grid. The mean ITL (`itl_s`) stands in while no request finished in the window, and the
+    decode capacity fit learns from it. Prefill pods finish each request after its first
+    token, so only decode is asked for it."""
     per_request = {"tpot_s": quantile(target, TPOT, percentile, window_s)}
     return {
         "ttft_s": quantile(target, TTFT, percentile, window_s),
