@@ -81,24 +81,10 @@ class Router:
         return response
 
 
-class Wakes:
-    """The injected wake: counts calls, or fails when told to."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.fail = False
-
-    async def __call__(self) -> None:
-        self.calls += 1
-        if self.fail:
-            raise RuntimeError("403 Forbidden")
-
-
 class Fleet:
     def __init__(self, stack: contextlib.AsyncExitStack) -> None:
         self._stack = stack
         self.router = Router()
-        self.wakes = Wakes()
         self.router_server: TestServer | None = None
 
     async def start_router(self) -> str:
@@ -113,7 +99,6 @@ class Fleet:
         wall_clock = options.pop("wall_clock", time.time)
         activator = server.Activator(
             server.Settings(upstream=upstream, service="ns/svc", **options),
-            self.wakes,
             wall_clock=wall_clock,
         )
         runner = await server.serve(activator, "127.0.0.1", 0)

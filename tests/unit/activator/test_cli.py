@@ -16,7 +16,7 @@ def test_arguments_and_defaults() -> None:
     assert args.service == ("ns", "svc")
     assert args.listen == ("0.0.0.0", 8080)
     assert args.max_wait == 300.0
-    assert args.kubeconfig is None
+    assert args.retry_after == 30.0
 
 
 @pytest.mark.parametrize(
@@ -28,11 +28,10 @@ def test_arguments_and_defaults() -> None:
     ],
 )
 def test_listen(listen: str, expected: tuple[str, int]) -> None:
-    argv = "activator --upstream http://r --service ns/svc --max-wait 2.5 --kubeconfig /k"
+    argv = "activator --upstream http://r --service ns/svc --max-wait 2.5"
     args = build_parser().parse_args([*argv.split(), "--listen", listen])
     assert args.listen == expected
     assert args.max_wait == 2.5
-    assert args.kubeconfig == "/k"
 
 
 @pytest.mark.parametrize(
@@ -52,3 +51,16 @@ def test_refused(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
         build_parser().parse_args(["activator", "--upstream", "http://r", *bad])
     assert exited.value.code == 2
     assert "activator: error" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gone", [["--kubeconfig", "/k"], ["--wake-every", "30"]])
+def test_it_takes_no_credentials_and_signals_no_wake(
+    gone: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The operator reads its /metrics to wake the service: it never talks to the API server."""
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(
+            ["activator", "--upstream", "http://r", "--service", "ns/svc", *gone]
+        )
+    assert exited.value.code == 2
+    assert f"unrecognized arguments: {' '.join(gone)}" in capsys.readouterr().err

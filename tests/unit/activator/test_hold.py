@@ -1,5 +1,5 @@
 """The activator's policy, rule by rule: forward or hold on arrival, release the oldest one at
-a time, expire past maxWait, when to signal a wake, and idleness."""
+a time, expire past maxWait, the oldest held, and idleness."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pdfleet.activator.hold import (
     Step,
     Ticket,
     Verdict,
-    should_wake,
     verdict,
 )
 
@@ -47,6 +46,7 @@ def test_requests_are_held_in_arrival_order_while_not_ready() -> None:
     assert tickets == [Ticket(0, 0.0), Ticket(1, 1.0), Ticket(2, 2.0)]
     assert queue.held == 3
     assert queue.step(ready=False, now_s=10.0) == Step()  # nobody overdue
+    assert queue.oldest() == Ticket(0, 0.0)
     assert queue.next_deadline_s() == MAX_WAIT
 
 
@@ -84,6 +84,7 @@ def test_past_max_wait_and_not_ready_the_overdue_expire_and_the_rest_wait() -> N
     assert queue.step(ready=False, now_s=399.0) == Step()
     assert queue.step(ready=False, now_s=400.0) == Step(expired=(younger,))
     assert queue.held == 0
+    assert queue.oldest() is None
     assert queue.next_deadline_s() is None
 
 
@@ -116,42 +117,20 @@ def test_sent_for_a_ticket_not_being_released_changes_nothing() -> None:
     assert queue.step(ready=True, now_s=1.0) == Step()
 
 
-EVERY = 30.0
-
-
-@pytest.mark.parametrize(
-    ("ready", "held", "now", "last_wake", "last_ready", "expected"),
-    [
-        (False, 0, 100.0, None, None, False),  # nothing held: nobody to wake for
-        (True, 3, 100.0, None, None, False),  # the router has a pair
-        (False, 1, 100.0, None, None, True),  # the first held request ever
-        (False, 1, 100.0, None, 50.0, True),
-        (False, 5, 100.0, 90.0, None, False),  # signalled 10 s ago, same sleep
-        (False, 5, 100.0, 90.0, 80.0, False),  # ready before that signal: same sleep
-        (False, 5, 120.0, 90.0, None, True),  # every_s later, still held: again
-        (False, 1, 100.0, 90.0, 95.0, True),  # ready since the last signal: a new sleep
-        (False, 1, 100.0, 90.0, 90.0, True),
-    ],
-)
-def test_should_wake(
-    ready: bool,
-    held: int,
-    now: float,
-    last_wake: float | None,
-    last_ready: float | None,
-    expected: bool,
-) -> None:
-    assert (
-        should_wake(
-            ready=ready,
-            held=held,
-            now_s=now,
-            last_wake_s=last_wake,
-            last_ready_s=last_ready,
-            every_s=EVERY,
-        )
-        is expected
-    )
+def test_the_oldest_held_is_the_first_arrival_still_waiting() -> None:
+    queue = HoldQueue(MAX_WAIT)
+    assert queue.oldest() is None
+    first, middle, last = (queue.arrive(ready=False, now_s=float(t)) for t in range(3))
+    assert first is not None and middle is not None and last is not None
+    assert queue.oldest() == first
+    queue.leave(first)  # its client went away
+    assert queue.oldest() == middle
+    assert queue.step(ready=True, now_s=3.0) == Step(release=middle)
+    assert queue.oldest() == last  # being released is no longer held
+    assert queue.held == 1
+    queue.sent(middle)
+    assert queue.step(ready=True, now_s=3.0) == Step(release=last)
+    assert queue.oldest() is None
 
 
 def test_idleness_counts_from_the_last_arrival_or_finish_and_not_while_in_flight() -> None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from pdfleet.activator import proxying
 
 
@@ -51,24 +49,14 @@ def test_response_headers_keep_length_and_encoding_the_body_passes_unchanged() -
     ]
 
 
-@pytest.mark.parametrize(
-    ("woke", "cause"),
-    [
-        (True, "woke ns/svc but no prefill/decode pair was ready within maxWait 300s"),
-        (
-            False,
-            "could not signal ns/svc to wake, and no prefill/decode pair was ready within "
-            "maxWait 300s",
-        ),
-    ],
-)
-def test_expired_is_a_503_with_retry_after_naming_the_cause(woke: bool, cause: str) -> None:
-    answer = proxying.expired(service="ns/svc", max_wait_s=300.0, retry_after_s=29.2, woke=woke)
+def test_expired_is_a_503_with_retry_after_naming_the_service() -> None:
+    answer = proxying.expired(service="ns/svc", max_wait_s=300.0, retry_after_s=29.2)
     assert answer.status == 503
     assert dict(answer.headers) == {"Content-Type": "application/json", "Retry-After": "30"}
     assert json.loads(answer.body) == {
         "error": {
-            "message": f"pdfleet activator: {cause}; retry later",
+            "message": "pdfleet activator: ns/svc had no ready prefill/decode pair within "
+            "maxWait 300s; retry later",
             "type": "service_unavailable",
             "param": None,
             "code": 503,
@@ -77,9 +65,9 @@ def test_expired_is_a_503_with_retry_after_naming_the_cause(woke: bool, cause: s
 
 
 def test_retry_after_is_a_whole_second_at_least() -> None:
-    answer = proxying.expired(service="", max_wait_s=0.5, retry_after_s=0.1, woke=True)
+    answer = proxying.expired(service="", max_wait_s=0.5, retry_after_s=0.1)
     assert dict(answer.headers)["Retry-After"] == "1"
-    assert "woke the service" in json.loads(answer.body)["error"]["message"]
+    assert "the service had no ready" in json.loads(answer.body)["error"]["message"]
     assert "maxWait 0.5s" in json.loads(answer.body)["error"]["message"]
 
 

@@ -1,7 +1,7 @@
 """The activator as a process sees it: a real aiohttp router stand-in on 127.0.0.1, a real
 activator in front of it, and an HTTP client. Forward and stream while the router is ready;
-hold, wake once and release in arrival order while it is not; 503 past maxWait; 502 when the
-router does not answer; its own /healthz and /metrics."""
+hold and release in arrival order while it is not; 503 past maxWait; 502 when the router
+does not answer; its own /healthz and /metrics (what the operator reads to wake the service)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,6 @@ async def test_forwards_at_once_while_ready_and_streams_events_as_they_come(flee
         rest = await r.content.read()
     assert rest == b"data: 2\n\ndata: [DONE]\n\n"
     assert fleet.router.waited_for_reader is True
-    assert fleet.wakes.calls == 0
     values = await metric_values(url)
     assert values["pdfleet_activator_held_total"] == 0
     assert values["pdfleet_activator_forwarded_total"] == 1
@@ -101,7 +100,7 @@ async def test_passes_method_path_query_headers_and_body_as_they_are(fleet: Flee
     assert "user-agent" not in got
 
 
-async def test_holds_twenty_wakes_once_and_forwards_all_in_arrival_order(fleet: Fleet) -> None:
+async def test_holds_twenty_and_forwards_all_in_arrival_order(fleet: Fleet) -> None:
     activator, url = await fleet.start_activator(await fleet.start_router(), max_wait_s=20.0)
     assert not activator.ready
     async with aiohttp.ClientSession() as client:
@@ -109,9 +108,7 @@ async def test_holds_twenty_wakes_once_and_forwards_all_in_arrival_order(fleet: 
         for seq in range(20):
             requests.append(asyncio.create_task(post(client, url + "/v1/completions", seq)))
             await held(activator, seq + 1)
-            if seq == 0:
-                await until(lambda: fleet.wakes.calls == 1)
-        await asyncio.sleep(0.1)  # a few more polls and dispatcher turns: still held, no wake
+        await asyncio.sleep(0.1)  # a few more polls and dispatcher turns: still held
         assert activator.queue.held == 20
         assert fleet.router.seen == []
         values = await metric_values(url)
@@ -125,12 +122,10 @@ async def test_holds_twenty_wakes_once_and_forwards_all_in_arrival_order(fleet: 
     assert [status for status, _, _ in answers] == [200] * 20
     assert [json.loads(echo["body"])["seq"] for _, echo, _ in answers] == list(range(20))
     assert fleet.router.seen == [str(seq) for seq in range(20)]
-    assert fleet.wakes.calls == 1
     values = await metric_values(url)
     assert values["pdfleet_activator_held_total"] == 20
     assert values["pdfleet_activator_forwarded_total"] == 20
     assert values["pdfleet_activator_expired_total"] == 0
-    assert values["pdfleet_activator_wake_signals_total"] == 1
     assert values["pdfleet_activator_requests_held"] == 0
     assert values["pdfleet_activator_requests_in_flight"] == 0
 
@@ -147,8 +142,8 @@ async def test_a_request_held_past_max_wait_gets_503_with_retry_after(fleet: Fle
     assert headers["Retry-After"] == "7"
     assert body == {
         "error": {
-            "message": "pdfleet activator: woke ns/svc but no prefill/decode pair was ready "
-            "within maxWait 0.3s; retry later",
+            "message": "pdfleet activator: ns/svc had no ready prefill/decode pair within "
+            "maxWait 0.3s; retry later",
             "type": "service_unavailable",
             "param": None,
             "code": 503,
@@ -156,21 +151,46 @@ async def test_a_request_held_past_max_wait_gets_503_with_retry_after(fleet: Fle
     }
     assert 0.3 <= waited < 1.5
     assert fleet.router.seen == []
-    assert fleet.wakes.calls == 1
     values = await metric_values(url)
     assert values["pdfleet_activator_expired_total"] == 1
     assert values["pdfleet_activator_forwarded_total"] == 0
+    assert values["pdfleet_activator_requests_held"] == 0
+    assert values["pdfleet_activator_oldest_held_timestamp_seconds"] == 0
 
 
-async def test_a_failed_wake_is_counted_and_named_in_the_503(fleet: Fleet) -> None:
-    fleet.wakes.fail = True
-    _, url = await fleet.start_activator(await fleet.start_router(), max_wait_s=0.2)
-    async with aiohttp.ClientSession() as client:
-        status, body, _ = await post(client, url + "/v1/completions", 0)
-    assert status == 503
-    assert body["error"]["message"].startswith("pdfleet activator: could not signal ns/svc")
+async def test_the_oldest_held_arrival_is_exported_while_held_and_0_after_release(
+    fleet: Fleet,
+) -> None:
+    """What the operator reads to wake the service (held > 0) and how long it has waited."""
+    now = [1_700_000_000.0]
+    activator, url = await fleet.start_activator(
+        await fleet.start_router(), max_wait_s=20.0, wall_clock=lambda: now[0]
+    )
     values = await metric_values(url)
-    assert values["pdfleet_activator_wake_errors_total"] == 1
+    assert values["pdfleet_activator_oldest_held_timestamp_seconds"] == 0
+    async with aiohttp.ClientSession() as client:
+        first = asyncio.create_task(post(client, url + "/v1/completions", 0))
+        await held(activator, 1)
+        now[0] += 5.0
+        second = asyncio.create_task(post(client, url + "/v1/completions", 1))
+        await held(activator, 2)
+        now[0] += 5.0
+        values = await metric_values(url)
+        assert values["pdfleet_activator_requests_held"] == 2
+        assert values["pdfleet_activator_oldest_held_timestamp_seconds"] == 1_700_000_000.0
+
+        first.cancel()  # its client left: the next one is the oldest now
+        await held(activator, 1)
+        values = await metric_values(url)
+        assert values["pdfleet_activator_oldest_held_timestamp_seconds"] == 1_700_000_005.0
+
+        fleet.router.ready = True
+        status, _, _ = await asyncio.wait_for(second, 10)
+    assert status == 200
+    values = await metric_values(url)
+    assert values["pdfleet_activator_requests_held"] == 0
+    assert values["pdfleet_activator_oldest_held_timestamp_seconds"] == 0
+    assert values["pdfleet_activator_last_activity_timestamp_seconds"] == 1_700_000_010.0
 
 
 async def test_a_router_that_refuses_while_ready_gets_a_502(fleet: Fleet) -> None:
@@ -241,9 +261,8 @@ async def test_metrics_and_healthz_are_the_activators_own(fleet: Fleet) -> None:
         "pdfleet_activator_expired_total": 1,
         "pdfleet_activator_forwarded_total": 1,
         "pdfleet_activator_upstream_errors_total": 0,
-        "pdfleet_activator_wake_signals_total": 1,
-        "pdfleet_activator_wake_errors_total": 0,
         "pdfleet_activator_requests_held": 0,
+        "pdfleet_activator_oldest_held_timestamp_seconds": 0,
         "pdfleet_activator_requests_in_flight": 0,
         "pdfleet_activator_upstream_ready": 0,
         "pdfleet_activator_last_activity_timestamp_seconds": 1_700_000_000.0,

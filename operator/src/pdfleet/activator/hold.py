@@ -2,10 +2,10 @@
 
 Where it fits: the activator's server (pdfleet.activator.server) asks `HoldQueue.arrive()`
 whether a request goes to the router at once or waits; on every turn of its dispatcher it asks
-`HoldQueue.step()` which held request goes next and which waited too long, and
-`should_wake()` whether to signal the operator (pdfleet.activator.wake). `Activity` is what it
-counts for idleness. The clock, the router's /readiness and the sockets stay in server.py, so
-every rule here is a table test (tests/unit/activator/test_hold.py).
+`HoldQueue.step()` which held request goes next and which waited too long. What it exports for
+the operator comes from here too: `HoldQueue.held` and `oldest()` (requests held: wake the
+service), and `Activity` (idleness). The clock, the router's /readiness and the sockets stay in
+server.py, so every rule here is a table test (tests/unit/activator/test_hold.py).
 
 One request's way (readiness: the router's /readiness said 200, it has a prefill/decode pair):
 
@@ -113,29 +113,15 @@ class HoldQueue:
         self._held.pop(ticket.seq, None)
         self.sent(ticket)
 
+    def oldest(self) -> Ticket | None:
+        """The held request that arrived first (None: nothing held; one being released is
+        no longer held)."""
+        return next(iter(self._held.values()), None)
+
     def next_deadline_s(self) -> float | None:
         """When the oldest held request reaches max_wait (None: nothing held)."""
-        oldest = next(iter(self._held.values()), None)
+        oldest = self.oldest()
         return None if oldest is None else oldest.arrived_s + self.max_wait_s
-
-
-def should_wake(
-    *,
-    ready: bool,
-    held: int,
-    now_s: float,
-    last_wake_s: float | None,
-    last_ready_s: float | None,
-    every_s: float,
-) -> bool:
-    """Whether to signal a wake now: something is held and the router has no pair, and either
-    no signal was sent since the router was last ready (this sleep's first held request), or
-    the last one is `every_s` old (the operator may have missed it, or restarted)."""
-    if ready or held == 0:
-        return False
-    if last_wake_s is None or (last_ready_s is not None and last_ready_s >= last_wake_s):
-        return True
-    return now_s - last_wake_s >= every_s
 
 
 @dataclass

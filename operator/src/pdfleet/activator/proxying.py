@@ -71,20 +71,14 @@ def _error(status: int, kind: str, message: str, *extra: tuple[str, str]) -> Ans
     return Answer(status, (("Content-Type", "application/json"), *extra), json.dumps(body).encode())
 
 
-def expired(*, service: str, max_wait_s: float, retry_after_s: float, woke: bool) -> Answer:
-    """503 for a request held `max_wait_s` while the router had no prefill/decode pair.
-    `woke`: whether the last wake signal reached the API server (if not, the message says so:
-    the operator never heard of this request)."""
+def expired(*, service: str, max_wait_s: float, retry_after_s: float) -> Answer:
+    """503 for a request held `max_wait_s` while the router had no prefill/decode pair."""
     who = service or "the service"
-    cause = (
-        f"woke {who} but no prefill/decode pair was ready"
-        if woke
-        else f"could not signal {who} to wake, and no prefill/decode pair was ready"
-    )
     return _error(
         503,
         "service_unavailable",
-        f"pdfleet activator: {cause} within maxWait {max_wait_s:g}s; retry later",
+        f"pdfleet activator: {who} had no ready prefill/decode pair within maxWait "
+        f"{max_wait_s:g}s; retry later",
         ("Retry-After", str(max(1, math.ceil(retry_after_s)))),
     )
 

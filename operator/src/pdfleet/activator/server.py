@@ -1,12 +1,15 @@
 """The activator's I/O: a reverse proxy in front of a service's router that holds requests
-while the service is at zero, wakes it, and forwards them in arrival order once it is up.
+while the service is at zero and forwards them in arrival order once it is up.
 
 Where it fits: `pdfleet activator` (pdfleet.cli) runs one `Activator` for one InferenceService;
 hold.py decides, proxying.py says what passes and what the activator answers itself, and this
 module does the waiting: it listens, polls the router's `GET /readiness` (200 once it has a
-healthy prefill/decode pair, docs/design/scale-to-zero.md), forwards and streams, and calls
-the injected `wake` (wake.py's annotation in a cluster, a fake in tests) in a task of its own,
-so no request ever waits on the API server. The operator does not deploy it yet.
+healthy prefill/decode pair, docs/design/scale-to-zero.md), forwards and streams.
+
+It never calls the API server and holds no credentials (it faces clients). The operator wakes
+the service: on each autoscaler pass it reads every activator pod's `/metrics`, and
+`pdfleet_activator_requests_held` > 0 is a wake; `_requests_in_flight` 0 with
+`_last_activity_timestamp_seconds` older than idleAfter is idleness.
 
 `/healthz` and `/metrics` are the activator's own paths; every other one is the router's.
 """
@@ -19,7 +22,7 @@ import functools
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -35,11 +38,9 @@ from prometheus_client import (
 from yarl import URL
 
 from pdfleet.activator import proxying
-from pdfleet.activator.hold import Activity, HoldQueue, Ticket, Verdict, should_wake
+from pdfleet.activator.hold import Activity, HoldQueue, Ticket, Verdict
 
 log = logging.getLogger(__name__)
-
-Wake = Callable[[], Awaitable[None]]
 
 OWN_PATHS = ("/healthz", "/metrics")
 
@@ -52,10 +53,8 @@ class Settings:
     service: str = ""
     """NAMESPACE/NAME of the InferenceService, for the 503's message and the logs."""
     retry_after_s: float = 30.0
-    wake_every_s: float = 30.0
-    """While requests stay held, the wake signal is sent again this often."""
     poll_held_s: float = 0.5
-    """/readiness is polled this often while anything is held..."""
+    """/readiness is polled this often while anything is held (the pair may come any time)..."""
     poll_idle_s: float = 2.0
     """...and this often otherwise (a stale "ready" sends a request to a router at zero)."""
     readiness_timeout_s: float = 1.0
@@ -83,12 +82,14 @@ class _Metrics:
             "upstream_errors_total",
             "Forwarded requests the router did not answer (502), or whose answer broke off.",
         )
-        self.wakes = counter("wake_signals_total", "Wake signals started.")
-        self.wake_errors = counter("wake_errors_total", "Wake signals that failed.")
         self.gauges = {
             name: Gauge(f"pdfleet_activator_{name}", doc, registry=registry)
             for name, doc in (
-                ("requests_held", "Requests held now."),
+                ("requests_held", "Requests held now: while > 0, the operator wakes the service."),
+                (
+                    "oldest_held_timestamp_seconds",
+                    "Unix time the oldest held request arrived; 0 when nothing is held.",
+                ),
                 (
                     "requests_in_flight",
                     "Requests received and not yet answered in full, held included.",
@@ -109,7 +110,6 @@ class Activator:
     def __init__(
         self,
         settings: Settings,
-        wake: Wake,
         *,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -117,7 +117,6 @@ class Activator:
     ) -> None:
         self.settings = settings
         self._upstream = settings.upstream.rstrip("/")
-        self._wake = wake
         self._clock = clock
         self._wall_clock = wall_clock
         self.registry = registry or CollectorRegistry()
@@ -125,17 +124,16 @@ class Activator:
         self.queue = HoldQueue(settings.max_wait_s)
         self.activity = Activity(last_s=wall_clock())
         self.ready = False
-        self._last_ready_s: float | None = None
-        self._last_wake_s: float | None = None
-        self._wake_failed = False
-        self._wake_task: asyncio.Task[None] | None = None
         self._waiting: dict[int, asyncio.Future[Verdict]] = {}
+        self._held_since: dict[int, float] = {}
+        """Unix time each held request arrived, by ticket (the queue's clock is monotonic)."""
         self._on_way: dict[int, asyncio.Event] = {}
         self._poll_now = asyncio.Event()
         self._dispatch_now = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
         gauges = self._metrics.gauges
         gauges["requests_held"].set_function(lambda: self.queue.held)
+        gauges["oldest_held_timestamp_seconds"].set_function(self._oldest_held_s)
         gauges["requests_in_flight"].set_function(lambda: self.activity.in_flight)
         gauges["upstream_ready"].set_function(lambda: int(self.ready))
         gauges["last_activity_timestamp_seconds"].set_function(lambda: self.activity.last_s)
@@ -172,8 +170,6 @@ class Activator:
         try:
             yield
         finally:
-            if self._wake_task is not None:
-                tasks.append(self._wake_task)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -195,12 +191,13 @@ class Activator:
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
         self._metrics.requests.inc()
-        self.activity.arrived(self._wall_clock())
+        arrived = self._wall_clock()
+        self.activity.arrived(arrived)
         try:
             ticket = self.queue.arrive(ready=self.ready, now_s=self._clock())
             if ticket is None:
                 return await self._forward(request, await request.read(), None)
-            waiter = self._hold(ticket)
+            waiter = self._hold(ticket, arrived)
             try:
                 body = await request.read()  # the body comes in while the request waits
                 outcome = await waiter
@@ -210,28 +207,34 @@ class Activator:
                 raise
             finally:
                 self._waiting.pop(ticket.seq, None)
+                self._held_since.pop(ticket.seq, None)
             if outcome is Verdict.EXPIRE:
                 return self._answer(
                     proxying.expired(
                         service=self.settings.service,
                         max_wait_s=self.settings.max_wait_s,
                         retry_after_s=self.settings.retry_after_s,
-                        woke=not self._wake_failed,
                     )
                 )
             return await self._forward(request, body, functools.partial(self._off_queue, ticket))
         finally:
             self.activity.finished(self._wall_clock())
 
-    def _hold(self, ticket: Ticket) -> asyncio.Future[Verdict]:
+    def _hold(self, ticket: Ticket, arrived: float) -> asyncio.Future[Verdict]:
         waiter: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
         self._waiting[ticket.seq] = waiter
+        self._held_since[ticket.seq] = arrived
         self._metrics.held.inc()
         if self.queue.held == 1:
             log.info("holding requests: the router at %s has no ready pair", self._upstream)
             self._poll_now.set()  # e.g. just started: the router may be ready already
         self._dispatch_now.set()
         return waiter
+
+    def _oldest_held_s(self) -> float:
+        """Unix time the oldest held request arrived; 0 when nothing is held."""
+        oldest = self.queue.oldest()
+        return 0.0 if oldest is None else self._held_since.get(oldest.seq, 0.0)
 
     async def _forward(
         self, request: web.Request, body: bytes, on_sent: Callable[[], None] | None
@@ -316,15 +319,6 @@ class Activator:
             if step.release is not None:
                 await self._release(step.release)
                 continue
-            if should_wake(
-                ready=self.ready,
-                held=self.queue.held,
-                now_s=now,
-                last_wake_s=self._last_wake_s,
-                last_ready_s=self._last_ready_s,
-                every_s=self.settings.wake_every_s,
-            ):
-                self._signal_wake(now)
             timeout = None
             if self.queue.held:
                 deadline = self.queue.next_deadline_s()
@@ -358,26 +352,6 @@ class Activator:
         if waiter is not None and not waiter.done():
             waiter.set_result(outcome)
 
-    # Waking.
-
-    def _signal_wake(self, now: float) -> None:
-        if self._wake_task is not None and not self._wake_task.done():
-            return  # one at a time: a slow API server must not pile them up
-        self._last_wake_s = now
-        self._wake_task = asyncio.create_task(self._run_wake(), name="activator-wake")
-
-    async def _run_wake(self) -> None:
-        self._metrics.wakes.inc()
-        try:
-            await self._wake()
-        except Exception as error:
-            self._wake_failed = True
-            self._metrics.wake_errors.inc()
-            log.warning("wake signal for %s failed: %s", self.settings.service or "?", error)
-        else:
-            self._wake_failed = False
-            log.info("wake signalled for %s", self.settings.service or "?")
-
     # The router's readiness.
 
     async def _poll_readiness(self) -> None:
@@ -388,8 +362,6 @@ class Activator:
 
     async def _poll_once(self) -> None:
         ready = await self._probe()
-        if ready:
-            self._last_ready_s = self._clock()
         if ready != self.ready:
             log.info("the router at %s is %s", self._upstream, "ready" if ready else "not ready")
             self.ready = ready

@@ -161,13 +161,12 @@ class KubeWriter:
         body: Any = None,
         query: list[tuple[str, Any]] | None = None,
         content_type: str = "application/json",
-        timeout: tuple[float, float] | None = None,
     ) -> dict[str, Any]:
         """One REST call; raises APIError for any answer but a success. The kubernetes
         client's own exceptions stop here: nothing above pdfleet.kube handles them."""
         headers = {"Content-Type": content_type}
         try:
-            response = send(self.api, method, path, query or [], headers, body, timeout)
+            response = send(self.api, method, path, query or [], headers, body)
         except ApiException as error:  # the client's own checks, before any answer
             raise APIError(error.status or 0, str(error.reason or ""), str(error.body or ""),
                            dict(error.headers or {})) from error  # fmt: skip
@@ -223,12 +222,7 @@ class KubeWriter:
         )
 
     def patch_merge(
-        self,
-        kind_name: str,
-        namespace: str,
-        name: str,
-        patch: Mapping[str, Any],
-        timeout: tuple[float, float] | None = None,
+        self, kind_name: str, namespace: str, name: str, patch: Mapping[str, Any]
     ) -> None:
         kind = KINDS[kind_name]
         self._call(
@@ -237,7 +231,6 @@ class KubeWriter:
             body=dict(patch),
             query=[("fieldManager", self.field_manager)],
             content_type="application/merge-patch+json",
-            timeout=timeout,
         )
 
     def event(
