@@ -2,12 +2,13 @@
 
 pdfleet operator run [--namespace NS ...] [--kubeconfig FILE]
 pdfleet activator --upstream URL --service NAMESPACE/NAME [--listen HOST:PORT]
-                  [--max-wait SECONDS] [--kubeconfig FILE]
+                  [--max-wait SECONDS] [--retry-after SECONDS]
 pdfleet render -f FILE [--replicas prefill=2 --replicas decode=3] [--http-route NS/GATEWAY]
 pdfleet crd
 
-The activator (pdfleet.activator) holds one service's requests while it is at zero; the
-operator does not deploy it yet (docs/design/scale-to-zero.md).
+The activator (pdfleet.activator) holds one service's requests while it is at zero; it holds
+no API credentials, and the operator reads its /metrics to wake the service
+(docs/design/scale-to-zero.md).
 
 The autoscaler's benchmark is not part of the operator: `python -m pdfleet_lab.bench`.
 """
@@ -65,8 +66,25 @@ def _parse_replicas(items: Sequence[str]) -> dict[str, int]:
     return result
 
 
+def _render_config(args: argparse.Namespace) -> RenderConfig:
+    return RenderConfig(router_image=args.router_image, activator_image=args.activator_image)
+
+
+def _image_options(parser: argparse.ArgumentParser) -> None:
+    """The images of the children that are not workers (the spec names those)."""
+    parser.add_argument(
+        "--router-image", default=os.environ.get("PDFLEET_ROUTER_IMAGE", RenderConfig.router_image)
+    )
+    parser.add_argument(
+        "--activator-image",
+        default=os.environ.get("PDFLEET_ACTIVATOR_IMAGE", RenderConfig.activator_image),
+        help="the image that runs `pdfleet activator` (the operator's own) for services that "
+        "scale to zero",
+    )
+
+
 def cmd_render(args: argparse.Namespace) -> int:
-    config = RenderConfig(router_image=args.router_image)
+    config = _render_config(args)
     documents = []
     for isvc in _load_services(args.filename):
         if isvc.metadata.namespace is None:
@@ -106,7 +124,7 @@ def cmd_operator_run(args: argparse.Namespace) -> int:
     api = load_api_client(args.kubeconfig)
     controller = Controller(
         KubeWriter(api),
-        RenderConfig(router_image=args.router_image),
+        _render_config(args),
         autoscaler=Autoscaler(source_for=_prometheus_sources(), clock_s=time.time),
     )
     registry = kopf.OperatorRegistry()
@@ -180,8 +198,6 @@ def cmd_activator(args: argparse.Namespace) -> int:
     import asyncio
 
     from pdfleet.activator import server
-    from pdfleet.activator.wake import AnnotationWake
-    from pdfleet.kube.api import load_api_client
 
     namespace, name = args.service
     host, port = args.listen
@@ -190,12 +206,8 @@ def cmd_activator(args: argparse.Namespace) -> int:
         max_wait_s=args.max_wait,
         service=f"{namespace}/{name}",
         retry_after_s=args.retry_after,
-        wake_every_s=args.wake_every,
     )
-    # In-cluster credentials unless a kubeconfig is given; loaded now, so a pod without them
-    # fails at start rather than at its first wake.
-    wake = AnnotationWake(load_api_client(args.kubeconfig), namespace, name)
-    asyncio.run(server.run(server.Activator(settings, wake), host, port))
+    asyncio.run(server.run(server.Activator(settings), host, port))
     return 0
 
 
@@ -263,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("-f", "--filename", required=True, help="YAML file, or - for stdin")
     render.add_argument("-n", "--namespace", default="default")
     render.add_argument("--replicas", action="append", default=[], metavar="ROLE=N")
-    render.add_argument("--router-image", default=RenderConfig.router_image)
+    _image_options(render)
     render.add_argument(
         "--http-route",
         metavar="[NAMESPACE/]GATEWAY",
@@ -278,9 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--kubeconfig", default=None)
     run.add_argument("-n", "--namespace", action="append", default=[],
                      help="watch only these namespaces (repeatable); default: all")  # fmt: skip
-    run.add_argument(
-        "--router-image", default=os.environ.get("PDFLEET_ROUTER_IMAGE", RenderConfig.router_image)
-    )
+    _image_options(run)
     run.add_argument("--bind", default="0.0.0.0", help="address of the metrics/health servers")
     run.add_argument("--metrics-port", type=int, default=8080)
     run.add_argument("--health-port", type=int, default=8081)
@@ -294,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--identity", default=os.environ.get("POD_NAME"))
 
     activator = commands.add_parser(
-        "activator", help="hold a service's requests while it is at zero, and wake it"
+        "activator", help="hold a service's requests while it is at zero"
     )
     activator.add_argument(
         "--upstream",
@@ -307,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         type=_service_ref,
         metavar="NAMESPACE/NAME",
-        help="the InferenceService to wake",
+        help="its InferenceService, named in the 503's message and the logs",
     )
     activator.add_argument(
         "--listen", type=_host_port, default=("0.0.0.0", 8080), metavar="HOST:PORT"
@@ -326,14 +336,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="the Retry-After of that 503",
     )
-    activator.add_argument(
-        "--wake-every",
-        type=_seconds,
-        default=30.0,
-        metavar="SECONDS",
-        help="signal the wake again this often while requests wait",
-    )
-    activator.add_argument("--kubeconfig", default=None, help="default: in-cluster credentials")
     return parser
 
 

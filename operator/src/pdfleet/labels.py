@@ -28,6 +28,8 @@ APP_MANAGED_BY = "app.kubernetes.io/managed-by"
 ROLE_PREFILL = "prefill"
 ROLE_DECODE = "decode"
 ROLE_ROUTER = "router"
+# The proxy that holds requests while a service sleeps (spec.autoscaling.scaleToZero).
+ROLE_ACTIVATOR = "activator"
 WORKER_ROLES = (ROLE_PREFILL, ROLE_DECODE)
 
 # On worker pods (from their StatefulSet's template) and on the router's pods: the KV revision
@@ -40,6 +42,3 @@ DRAINING = f"{GROUP}/draining"
 MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"
 # Change its value on an InferenceService to run the KV transport preflight again.
 PREFLIGHT_RERUN = f"{GROUP}/kv-preflight"
-# Set by the activator (pdfleet.activator.wake) on its InferenceService when it holds a request
-# for a service at zero (value: RFC 3339 time of the signal): the change wakes the operator.
-WAKE_REQUESTED = f"{GROUP}/wake-requested"

@@ -592,6 +592,23 @@ class CapacityHintSpec(ApiModel):
     )
 
 
+class ScaleToZeroSpec(ApiModel):
+    """Both pools sleep together while no request comes, and wake on the next one
+    (docs/design/scale-to-zero.md). An activator in front of the router holds requests while the
+    pools are at zero, so none is refused; clients use the activator's Service
+    (status.endpoint)."""
+
+    idle_after: Annotated[Duration, duration_between("1m", "24h")] = Field(
+        "15m",
+        description="With no request arriving or in flight this long, both pools drain to zero.",
+    )
+    max_wait: Annotated[Duration, duration_between("1s", "1h")] = Field(
+        "5m",
+        description="Longest a request is held while the pools wake; then it gets 503 with "
+        "Retry-After. Cover the workers' start-up (weights loaded, KV preflight passed).",
+    )
+
+
 class AutoscalingSpec(ApiModel):
     """SLO-driven autoscaling of both pools inside a GPU budget.
 
@@ -610,6 +627,13 @@ class AutoscalingSpec(ApiModel):
             message="enabled autoscaling needs prometheus.url",
             field=".prometheus",
             check=lambda a: not a.enabled or a.prometheus is not None,
+        ),
+        Rule(
+            cel="!has(self.scaleToZero) || (has(self.enabled) && self.enabled)",
+            message="scaleToZero needs enabled autoscaling: it wakes to the autoscaler's "
+            "last decision",
+            field=".scaleToZero",
+            check=lambda a: a.scale_to_zero is None or a.enabled,
         ),
     )
 
@@ -644,6 +668,11 @@ class AutoscalingSpec(ApiModel):
     )
     capacity_hint: CapacityHintSpec | None = Field(
         None, description="Starting per-replica capacities; learned online when absent."
+    )
+    scale_to_zero: ScaleToZeroSpec | None = Field(
+        None,
+        description="Opt in to scaling both pools to zero while idle, with requests held, "
+        "not refused, while they wake. Needs router.type vllm-router.",
     )
 
 
@@ -795,6 +824,14 @@ class InferenceServiceSpec(ApiModel):
                 + s.decode.replicas.min * s.decode.gpus_per_replica
                 <= s.autoscaling.gpu_budget
             ),
+        ),
+        Rule(
+            cel="!has(self.autoscaling) || !has(self.autoscaling.scaleToZero) || "
+            "!has(self.router) || !has(self.router.type) || self.router.type == 'vllm-router'",
+            message="scaleToZero needs router.type vllm-router: the activator holds requests "
+            "in front of the router pdfleet deploys",
+            field=".autoscaling.scaleToZero",
+            check=lambda s: s.autoscaling.scale_to_zero is None or s.router.type == "vllm-router",
         ),
         # The ports of a worker pod, and of a router pod, are distinct.
         _outside_side_channels("engine.port"),

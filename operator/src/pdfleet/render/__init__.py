@@ -7,7 +7,8 @@ from collections.abc import Mapping
 
 from pdfleet import labels
 from pdfleet.api.v1alpha1 import InferenceService
-from pdfleet.render.common import Manifest, RenderConfig, pod_disruption_budget
+from pdfleet.render.activator import activator_deployment, activator_service
+from pdfleet.render.common import Manifest, RenderConfig, client_front, pod_disruption_budget
 from pdfleet.render.network import network_policies
 from pdfleet.render.router import router_deployment, router_rbac, router_service
 from pdfleet.render.worker import headless_service, worker_service_account, worker_statefulset
@@ -41,4 +42,10 @@ def render_children(
         children += [*router_rbac(isvc), router_service(isvc), router]
         if isvc.spec.router.replicas > 1:
             children.append(pod_disruption_budget(isvc, labels.ROLE_ROUTER))
+        if client_front(isvc) == labels.ROLE_ACTIVATOR:
+            children += [
+                activator_service(isvc),
+                pod_disruption_budget(isvc, labels.ROLE_ACTIVATOR),
+                activator_deployment(isvc, config),
+            ]
     return children + network_policies(isvc, config)

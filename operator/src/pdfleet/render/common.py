@@ -9,13 +9,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pdfleet import labels
+from pdfleet import __version__, labels
 from pdfleet.api.v1alpha1 import InferenceService
 
 Manifest = dict[str, Any]
 
 WORKER_COMPONENT_NAME = "vllm-worker"
 ROUTER_COMPONENT_NAME = "vllm-router"
+ACTIVATOR_COMPONENT_NAME = "pdfleet-activator"
+_COMPONENT_NAMES = {
+    labels.ROLE_ROUTER: ROUTER_COMPONENT_NAME,
+    labels.ROLE_ACTIVATOR: ACTIVATOR_COMPONENT_NAME,
+}
+
+# The restricted Pod Security profile, for the containers that need nothing of the node (the
+# router and the activator).
+RESTRICTED_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": 65532,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 @dataclass(frozen=True)
@@ -23,6 +39,8 @@ class RenderConfig:
     """Operator-wide settings that are not part of any InferenceService spec."""
 
     router_image: str = "ghcr.io/pdfleet/vllm-router:0.1.17"
+    activator_image: str = f"ghcr.io/pdfleet/operator:{__version__}"
+    """The operator's own image: the activator is `pdfleet activator`."""
     shutdown_timeout_s: int = 30
     """vLLM --shutdown-timeout once a drained worker gets SIGTERM: only stragglers remain."""
     grace_margin_s: int = 10
@@ -39,13 +57,21 @@ def child_name(isvc: InferenceService, role: str) -> str:
     return f"{isvc.metadata.name}-{role}"
 
 
+def client_front(isvc: InferenceService) -> str:
+    """The role whose Service clients send requests to: the activator, which holds them while
+    the pools sleep, when the service scales to zero; else the router."""
+    if isvc.spec.autoscaling.scale_to_zero is not None:
+        return labels.ROLE_ACTIVATOR
+    return labels.ROLE_ROUTER
+
+
 def selector_labels(isvc: InferenceService, role: str) -> dict[str, str]:
     """The labels that select one role's pods; immutable once a StatefulSet exists."""
     return {labels.SERVICE: str(isvc.metadata.name), labels.ROLE: role}
 
 
 def common_labels(isvc: InferenceService, role: str) -> dict[str, str]:
-    component = ROUTER_COMPONENT_NAME if role == labels.ROLE_ROUTER else WORKER_COMPONENT_NAME
+    component = _COMPONENT_NAMES.get(role, WORKER_COMPONENT_NAME)
     return {
         **selector_labels(isvc, role),
         labels.APP_NAME: component,
@@ -91,5 +117,30 @@ def pod_disruption_budget(isvc: InferenceService, role: str, max_unavailable: in
         "spec": {
             "maxUnavailable": max_unavailable,
             "selector": {"matchLabels": selector_labels(isvc, role)},
+        },
+    }
+
+
+def surge_deployment(
+    isvc: InferenceService,
+    role: str,
+    replicas: int,
+    pod_labels: dict[str, str],
+    pod_spec: dict[str, Any],
+) -> Manifest:
+    """A Deployment that rolls with no replica down (maxUnavailable 0): the router and the
+    activator carry every request, so a rollout first adds the new pod, then retires one."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(isvc, child_name(isvc, role), role),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector_labels(isvc, role)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+            },
+            "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
         },
     }

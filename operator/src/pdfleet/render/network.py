@@ -19,7 +19,14 @@ from typing import Any
 
 from pdfleet import labels
 from pdfleet.api.v1alpha1 import InferenceService
-from pdfleet.render.common import Manifest, RenderConfig, child_name, metadata, selector_labels
+from pdfleet.render.common import (
+    Manifest,
+    RenderConfig,
+    child_name,
+    client_front,
+    metadata,
+    selector_labels,
+)
 
 # What clients may send through the front: the OpenAI API, and the router's probes.
 CLIENT_PATH_PREFIXES = ("/v1/",)
@@ -77,28 +84,43 @@ def worker_network_policy(isvc: InferenceService, config: RenderConfig) -> Manif
     return _policy(isvc, "worker", _pool_peer(isvc)["podSelector"], rules)
 
 
-def router_network_policy(isvc: InferenceService, config: RenderConfig) -> Manifest:
-    """Ingress of the router: serving port from routerClients and the operator only."""
+def _front_network_policy(
+    isvc: InferenceService, config: RenderConfig, role: str, clients: list[dict[str, Any]]
+) -> Manifest:
+    """Ingress of a pod the clients' requests pass: its serving port from `clients` and the
+    operator, metrics from the operator and monitoring (the activator serves /metrics on its
+    serving port)."""
     policy = isvc.spec.network_policy
     router = isvc.spec.router
+    metrics_port = router.metrics_port if role == labels.ROLE_ROUTER else router.port
     rules: list[dict[str, Any]] = [
-        {"from": [_operator_peer(config)], "ports": _tcp(router.port, router.metrics_port)}
+        {
+            "from": [_operator_peer(config)],
+            "ports": _tcp(*dict.fromkeys((router.port, metrics_port))),
+        }
     ]
-    if policy.router_clients:
-        rules.append({"from": list(policy.router_clients), "ports": _tcp(router.port)})
+    if clients:
+        rules.append({"from": clients, "ports": _tcp(router.port)})
     if policy.monitoring:
-        rules.append({"from": list(policy.monitoring), "ports": _tcp(router.metrics_port)})
-    pods = {"matchLabels": selector_labels(isvc, labels.ROLE_ROUTER)}
-    return _policy(isvc, labels.ROLE_ROUTER, pods, rules)
+        rules.append({"from": list(policy.monitoring), "ports": _tcp(metrics_port)})
+    pods = {"matchLabels": selector_labels(isvc, role)}
+    return _policy(isvc, role, pods, rules)
 
 
 def network_policies(isvc: InferenceService, config: RenderConfig) -> list[Manifest]:
-    """The NetworkPolicies of a service; none unless spec.networkPolicy.enabled."""
+    """The NetworkPolicies of a service; none unless spec.networkPolicy.enabled. With scale to
+    zero, routerClients reach the activator, and the router only the activator."""
     if not isvc.spec.network_policy.enabled:
         return []
     policies = [worker_network_policy(isvc, config)]
-    if isvc.spec.router.type == "vllm-router":
-        policies.append(router_network_policy(isvc, config))
+    if isvc.spec.router.type != "vllm-router":
+        return policies
+    clients = list(isvc.spec.network_policy.router_clients)
+    if client_front(isvc) == labels.ROLE_ACTIVATOR:
+        activator = {"podSelector": {"matchLabels": selector_labels(isvc, labels.ROLE_ACTIVATOR)}}
+        policies.append(_front_network_policy(isvc, config, labels.ROLE_ACTIVATOR, clients))
+        clients = [activator]
+    policies.append(_front_network_policy(isvc, config, labels.ROLE_ROUTER, clients))
     return policies
 
 
@@ -111,8 +133,9 @@ def http_route(isvc: InferenceService, gateway_namespace: str, gateway: str) -> 
         {"path": {"type": "PathPrefix", "value": prefix}} for prefix in CLIENT_PATH_PREFIXES
     ]
     matches += [{"path": {"type": "Exact", "value": path}} for path in CLIENT_EXACT_PATHS]
-    backend = {"name": child_name(isvc, labels.ROLE_ROUTER), "port": isvc.spec.router.port}
-    meta = metadata(isvc, child_name(isvc, labels.ROLE_ROUTER), labels.ROLE_ROUTER)
+    front = client_front(isvc)
+    backend = {"name": child_name(isvc, front), "port": isvc.spec.router.port}
+    meta = metadata(isvc, child_name(isvc, front), front)
     meta.pop("ownerReferences", None)  # committed by the user, not owned by the operator
     return {
         "apiVersion": "gateway.networking.k8s.io/v1",

@@ -16,13 +16,16 @@ from pdfleet import labels
 from pdfleet.api.types import parse_duration
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.render.common import (
+    RESTRICTED_SECURITY_CONTEXT,
     Manifest,
     RenderConfig,
     child_name,
+    client_front,
     common_labels,
     metadata,
     quantity_map,
     selector_labels,
+    surge_deployment,
 )
 from pdfleet.rollout.revision import kv_revision
 
@@ -106,14 +109,7 @@ def router_deployment(
         # Going on listening a few seconds first lets every endpoint list drop it.
         "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_PRESTOP_S}}},
         "readinessProbe": {"httpGet": {"path": "/readiness", **probe_port}, "periodSeconds": 5},
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 65532,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": RESTRICTED_SECURITY_CONTEXT,
         # The root filesystem is read-only; the Python launcher gets a scratch /tmp.
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
@@ -127,28 +123,14 @@ def router_deployment(
     }
     if resources:
         container["resources"] = resources
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": metadata(isvc, name, ROUTER),
-        "spec": {
-            "replicas": router.replicas,
-            "selector": {"matchLabels": selector_labels(isvc, ROUTER)},
-            "strategy": {
-                "type": "RollingUpdate",
-                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
-            },
-            "template": {
-                "metadata": {"labels": router_pod_labels(isvc, revision)},
-                "spec": {
-                    "serviceAccountName": name,
-                    "enableServiceLinks": False,
-                    "containers": [container],
-                    "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
-                },
-            },
-        },
+    pod_spec = {
+        "serviceAccountName": name,
+        "enableServiceLinks": False,
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
     }
+    pod_labels = router_pod_labels(isvc, revision)
+    return surge_deployment(isvc, ROUTER, router.replicas, pod_labels, pod_spec)
 
 
 def router_service(isvc: InferenceService) -> Manifest:
@@ -195,8 +177,10 @@ def router_rbac(isvc: InferenceService) -> list[Manifest]:
 
 
 def endpoint(isvc: InferenceService) -> str | None:
-    """The URL clients use, or None when the router is external."""
+    """The URL clients use, or None when the router is external: the activator's Service
+    when the service scales to zero (it holds requests while the pools sleep), else the
+    router's."""
     if isvc.spec.router.type != "vllm-router":
         return None
     namespace = isvc.metadata.namespace or "default"
-    return f"http://{child_name(isvc, ROUTER)}.{namespace}.svc:{isvc.spec.router.port}"
+    return f"http://{child_name(isvc, client_front(isvc))}.{namespace}.svc:{isvc.spec.router.port}"
