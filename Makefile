@@ -52,6 +52,8 @@ KSTATUS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/pdfleet/tools/kstatus-$(KSTATU
 DEMO_ARGS ?=
 NIXL_PIN := nixl-cu12==1.5.1
 BENCH_SCALE_ARGS ?=
+# The activator benchmark on loopback (docs/benchmarks/activator); e.g. --requests 40.
+BENCH_ACTIVATOR_ARGS ?=
 BENCH_AUTOSCALE_ARGS ?= W1 W2 W3 S1
 # The same workloads in DynoSim, Dynamo's replay simulator, installed outside the checkout
 # (lab/dynosim/setup.sh); its timing table is built there too, on first use.
@@ -169,6 +171,8 @@ bench-autoscale-dynosim: ## pdfleet's policy, fixed splits and the bound in Dyno
 		--out docs/benchmarks/autoscale/dynosim
 bench-scale: $(STAMP) toolchain ## 1,000 InferenceServices on the local cluster, measured (BENCH_SCALE_ARGS=--services 100).
 	$(NETNS) $(PY) -m e2e.benchmarks.bench_scale $(BENCH_SCALE_ARGS)
+bench-activator: $(STAMP) ## The activator against the real vllm-router on loopback: added latency, memory, hold (BENCH_ACTIVATOR_ARGS=--requests 40).
+	$(PY) -m e2e.benchmarks.bench_activator $(BENCH_ACTIVATOR_ARGS)
 test-faults: $(STAMP) toolchain ## The fault suite: tests/e2e/faults, then the full repetitions (docs/benchmarks/faults).
 	$(NETNS) $(PYTEST) tests/e2e/faults
 	$(NETNS) $(PY) -m e2e.scenarios.faults --out docs/benchmarks/faults $(FAULTS_ARGS)
@@ -176,4 +180,4 @@ test-faults: $(STAMP) toolchain ## The fault suite: tests/e2e/faults, then the f
 demo: $(STAMP) toolchain ## The demo fleet rebalancing itself under a load shift (DEMO_ARGS=--keep).
 	$(NETNS) $(PY) -m e2e.scenarios.demo $(DEMO_ARGS)
 
-.PHONY: help install toolchain engine registry registry-path kstatus kstatus-path test-image test-engine manifests lint test-unit verify test-integration test-e2e test-scenarios test-drain test-faults test demo bench-scale bench-autoscale bench-autoscale-dynosim
+.PHONY: help install toolchain engine registry registry-path kstatus kstatus-path test-image test-engine manifests lint test-unit verify test-integration test-e2e test-scenarios test-drain test-faults test demo bench-scale bench-activator bench-autoscale bench-autoscale-dynosim
