@@ -59,7 +59,15 @@ from e2e.platform.cluster import REPO_ROOT
 from e2e.platform.loadgen import parse_stream_line, prompt_of
 from e2e.platform.operator_process import parse_metrics
 from e2e.platform.stats import percentile
-from pdfleet_worker.sim.procs import Proc, SimProc, free_port, start_sim, stopping, wait_http
+from pdfleet_worker.sim.procs import (
+    Proc,
+    SimProc,
+    free_port,
+    start_sim,
+    static_router_argv,
+    stopping,
+    wait_http,
+)
 
 OUT_DIR = REPO_ROOT / "docs" / "benchmarks" / "activator"
 BIN = Path(sys.executable).parent
@@ -119,11 +127,7 @@ def restart_sim(old: SimProc, log_dir: Path, name: str) -> SimProc:
 
 def start_router(log_dir: Path, prefill: SimProc, decode: SimProc) -> tuple[Proc, str]:
     port, prom = free_port(), free_port()
-    argv = [
-        str(BIN / "vllm-router"), "--vllm-pd-disaggregation", "--host", "127.0.0.1",
-        "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
-        *ROUTER_ARGS, "--prefill", prefill.url, "--decode", decode.url,
-    ]  # fmt: skip
+    argv = static_router_argv(port, prom, [prefill.url], [decode.url], ROUTER_ARGS)
     url = f"http://127.0.0.1:{port}"
     return _started(Proc(argv, str(log_dir / "router.log")), url, "/readiness")
 

@@ -13,9 +13,7 @@ local cluster, where the router's Kubernetes discovery is in play (docs/drain.md
 from __future__ import annotations
 
 import json
-import shutil
 import signal
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -32,17 +30,19 @@ from pdfleet.drain.executor import execute
 from pdfleet.drain.io import RouterFleet, RouterReplica, read_loads
 from pdfleet.drain.plan import needs_io, plan_drain
 from pdfleet.reconcile.observed import PodInfo
-from pdfleet_worker.sim.procs import Proc, SimProc, free_port, start_sim, stopping, wait_http
+from pdfleet_worker.sim.procs import (
+    QUICK_ROUTER_ARGS,
+    Proc,
+    SimProc,
+    free_port,
+    start_sim,
+    static_router_argv,
+    stopping,
+    wait_http,
+)
 
 # Real time (the drain waits on real streams); shutdown-timeout 0: stopping aborts in-flight.
 SIM_ARGS = ["--preset", "llama-3.1-8b-h200", "--time-scale", "1.0", "--shutdown-timeout", "0"]
-
-
-def _router_binary() -> str:
-    local = Path(sys.executable).parent / "vllm-router"
-    found = str(local) if local.exists() else shutil.which("vllm-router")
-    assert found, "vllm-router is not installed (pip install vllm-router==0.1.17)"
-    return found
 
 
 @dataclass
@@ -57,17 +57,13 @@ class Fleet:
 
 def _start_router(tmp: Path, i: int, prefills: list[SimProc], decodes: list[SimProc]) -> Proc:
     port, prom = free_port(), free_port()
-    argv = [
-        _router_binary(), "--vllm-pd-disaggregation",
-        "--host", "127.0.0.1", "--port", str(port),
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
-        "--policy", "round_robin", "--health-check-interval-secs", "1",
-        "--worker-startup-check-interval", "1", "--worker-startup-timeout-secs", "20",
-    ]  # fmt: skip
-    for p in prefills:
-        argv += ["--prefill", p.url]
-    for d in decodes:
-        argv += ["--decode", d.url]
+    argv = static_router_argv(
+        port,
+        prom,
+        [p.url for p in prefills],
+        [d.url for d in decodes],
+        QUICK_ROUTER_ARGS,
+    )
     proc = Proc(argv, str(tmp / f"router{i}.log")).start()
     proc.admin = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
     proc.prom = f"http://127.0.0.1:{prom}"  # type: ignore[attr-defined]

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,17 +17,18 @@ from typing import Any
 import httpx
 import pytest
 
-from pdfleet_worker.sim.procs import Proc, SimProc, free_port, start_sim, stopping, wait_http
+from pdfleet_worker.sim.procs import (
+    QUICK_ROUTER_ARGS,
+    Proc,
+    SimProc,
+    free_port,
+    start_sim,
+    static_router_argv,
+    stopping,
+    wait_http,
+)
 
 SIM_ARGS = ["--preset", "llama-3.1-8b-h200", "--time-scale", "0.1"]
-
-
-def _router_binary() -> str:
-    # The router is a dev dependency installed next to the interpreter; missing = failure.
-    local = Path(sys.executable).parent / "vllm-router"
-    found = str(local) if local.exists() else shutil.which("vllm-router")
-    assert found, "vllm-router is not installed (pip install vllm-router==0.1.17)"
-    return found
 
 
 @pytest.fixture
@@ -41,30 +40,13 @@ def fleet(tmp_path: Path) -> Iterator[tuple[str, list[SimProc], list[SimProc]]]:
         decodes = [start_sim(str(tmp_path), extra=SIM_ARGS, name=f"decode{i}") for i in range(2)]
         procs.extend(decodes)
         port, prom = free_port(), free_port()
-        argv = [
-            _router_binary(),
-            "--vllm-pd-disaggregation",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--prometheus-host",
-            "127.0.0.1",
-            "--prometheus-port",
-            str(prom),
-            "--policy",
-            "round_robin",
-            "--health-check-interval-secs",
-            "1",
-            "--worker-startup-check-interval",
-            "1",
-            "--worker-startup-timeout-secs",
-            "20",
-        ]
-        for p in prefills:
-            argv += ["--prefill", p.url]
-        for d in decodes:
-            argv += ["--decode", d.url]
+        argv = static_router_argv(
+            port,
+            prom,
+            [p.url for p in prefills],
+            [d.url for d in decodes],
+            QUICK_ROUTER_ARGS,
+        )
         router = Proc(argv, os.path.join(tmp_path, "router.log")).start()
         procs.append(router)
         url = f"http://127.0.0.1:{port}"

@@ -19,13 +19,14 @@ from pdfleet import labels
 from pdfleet.api.types import parse_duration
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.render.common import (
-    RESTRICTED_SECURITY_CONTEXT,
     Manifest,
     RenderConfig,
     child_name,
     common_labels,
     metadata,
+    restricted_security_context,
     selector_labels,
+    service_url,
     surge_deployment,
 )
 
@@ -35,20 +36,13 @@ ACTIVATOR_REPLICAS = 2
 ACTIVATOR_GRACE_S = 600
 
 
-def router_url(isvc: InferenceService) -> str:
-    """The router's Service inside the cluster: where the activator forwards."""
-    namespace = isvc.metadata.namespace or "default"
-    router = child_name(isvc, labels.ROLE_ROUTER)
-    return f"http://{router}.{namespace}.svc:{isvc.spec.router.port}"
-
-
 def activator_args(isvc: InferenceService) -> list[str]:
     stz = isvc.spec.autoscaling.scale_to_zero
     assert stz is not None, "rendered only for a service that scales to zero"
     namespace = isvc.metadata.namespace or "default"
     return [
         "activator",
-        "--upstream", router_url(isvc),
+        "--upstream", service_url(isvc, labels.ROLE_ROUTER),
         "--listen", f"0.0.0.0:{isvc.spec.router.port}",
         "--max-wait", str(math.ceil(parse_duration(stz.max_wait))),
         "--service", f"{namespace}/{isvc.metadata.name}",
@@ -70,7 +64,7 @@ def activator_deployment(isvc: InferenceService, config: RenderConfig) -> Manife
             "requests": {"cpu": "100m", "memory": "128Mi"},
             "limits": {"memory": "512Mi"},
         },
-        "securityContext": RESTRICTED_SECURITY_CONTEXT,
+        "securityContext": restricted_security_context(),
     }
     selector = selector_labels(isvc, ACTIVATOR)
     pod_spec = {

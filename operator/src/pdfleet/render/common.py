@@ -22,17 +22,6 @@ _COMPONENT_NAMES = {
     labels.ROLE_ACTIVATOR: ACTIVATOR_COMPONENT_NAME,
 }
 
-# The restricted Pod Security profile, for the containers that need nothing of the node (the
-# router and the activator).
-RESTRICTED_SECURITY_CONTEXT: dict[str, Any] = {
-    "runAsNonRoot": True,
-    "runAsUser": 65532,
-    "allowPrivilegeEscalation": False,
-    "readOnlyRootFilesystem": True,
-    "capabilities": {"drop": ["ALL"]},
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
-
 
 @dataclass(frozen=True)
 class RenderConfig:
@@ -55,6 +44,26 @@ class RenderConfig:
 def child_name(isvc: InferenceService, role: str) -> str:
     """The name of a role's StatefulSet, Service, PDB, ... (e.g. llama-8b-prefill)."""
     return f"{isvc.metadata.name}-{role}"
+
+
+def restricted_security_context() -> dict[str, Any]:
+    """The restricted Pod Security profile, for the containers that need nothing of the node
+    (the router and the activator). A new dict each time: manifests share no objects."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def service_url(isvc: InferenceService, role: str) -> str:
+    """A role's Service inside the cluster, on the serving port the router and the activator
+    share."""
+    namespace = isvc.metadata.namespace or "default"
+    return f"http://{child_name(isvc, role)}.{namespace}.svc:{isvc.spec.router.port}"
 
 
 def client_front(isvc: InferenceService) -> str:

@@ -16,7 +16,6 @@ from pdfleet import labels
 from pdfleet.api.types import parse_duration
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.render.common import (
-    RESTRICTED_SECURITY_CONTEXT,
     Manifest,
     RenderConfig,
     child_name,
@@ -24,7 +23,9 @@ from pdfleet.render.common import (
     common_labels,
     metadata,
     quantity_map,
+    restricted_security_context,
     selector_labels,
+    service_url,
     surge_deployment,
 )
 from pdfleet.rollout.revision import kv_revision
@@ -109,7 +110,7 @@ def router_deployment(
         # Going on listening a few seconds first lets every endpoint list drop it.
         "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_PRESTOP_S}}},
         "readinessProbe": {"httpGet": {"path": "/readiness", **probe_port}, "periodSeconds": 5},
-        "securityContext": RESTRICTED_SECURITY_CONTEXT,
+        "securityContext": restricted_security_context(),
         # The root filesystem is read-only; the Python launcher gets a scratch /tmp.
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
@@ -182,5 +183,4 @@ def endpoint(isvc: InferenceService) -> str | None:
     router's."""
     if isvc.spec.router.type != "vllm-router":
         return None
-    namespace = isvc.metadata.namespace or "default"
-    return f"http://{child_name(isvc, client_front(isvc))}.{namespace}.svc:{isvc.spec.router.port}"
+    return service_url(isvc, client_front(isvc))

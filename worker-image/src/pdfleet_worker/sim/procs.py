@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -134,6 +135,45 @@ def start_sim(
         p.stop()
         raise
     return p
+
+
+def router_binary() -> str:
+    """vllm-router, a dev dependency installed next to the interpreter (else on PATH). Missing
+    is an error, never a reason to skip."""
+    local = os.path.join(os.path.dirname(sys.executable), "vllm-router")
+    found = local if os.path.exists(local) else shutil.which("vllm-router")
+    if not found:
+        raise RuntimeError("vllm-router is not installed (pip install vllm-router==0.1.17)")
+    return found
+
+
+# Round robin, and worker health checked every second: a test sees a stopped worker at once.
+QUICK_ROUTER_ARGS = (
+    "--policy", "round_robin", "--health-check-interval-secs", "1",
+    "--worker-startup-check-interval", "1", "--worker-startup-timeout-secs", "20",
+)  # fmt: skip
+
+
+def static_router_argv(
+    port: int,
+    prometheus_port: int,
+    prefill_urls: Sequence[str],
+    decode_urls: Sequence[str],
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The real vllm-router in P/D mode on 127.0.0.1 with a static list of workers (the
+    operator's router discovers pods instead; render/router.py)."""
+    argv = [
+        router_binary(), "--vllm-pd-disaggregation",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus_port),
+        *extra,
+    ]  # fmt: skip
+    for url in prefill_urls:
+        argv += ["--prefill", url]
+    for url in decode_urls:
+        argv += ["--decode", url]
+    return argv
 
 
 @contextlib.contextmanager
