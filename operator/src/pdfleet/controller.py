@@ -22,7 +22,8 @@ import pydantic
 from pdfleet import labels, metrics
 from pdfleet.api.rules import error_paths
 from pdfleet.api.v1alpha1 import InferenceService
-from pdfleet.autoscale.actuator import Autoscaler
+from pdfleet.autoscale.actuator import Autoscaler, role_replicas
+from pdfleet.autoscale.idle import woken
 from pdfleet.drain.step import step as drain_step
 from pdfleet.kube.errors import APIError
 from pdfleet.kube.writer import Writer
@@ -335,10 +336,24 @@ class Controller:
         autoscaler and slo blocks, and MetricsAvailable. Nothing else reads or writes here."""
         status = dict(previous or {})
         assert self.autoscaler is not None
+        sleeps = isvc.spec.autoscaling.scale_to_zero is not None
+        if sleeps:
+            self._note_woken(body, observed, status)
         if not self.autoscaler.due(isvc):
             return status
         # The policy steps from the last decision (a pool being drained is already smaller).
         current = desired_replicas(isvc, status)
+        if sleeps:
+            change = self.autoscaler.sleep_or_wake(isvc, observed, current, status)
+            if change is None:  # the activators' pages are being read
+                return status
+            status["scaleToZero"] = change.record
+            if change.event is not None:
+                self.writer.event(body, *change.event)
+            if change.desired is not None:  # asleep, falling asleep or waking: not the policy's
+                for role, count in change.desired.items():
+                    status[role] = {**(status.get(role) or {}), "desired": count}
+                return status
         outcome = self.autoscaler.step(isvc, observed, current, status, now)
         if outcome is None:  # its Prometheus read is in flight: a later pass decides
             return status
@@ -352,6 +367,19 @@ class Controller:
         for type_, reason, message in outcome.events:
             self.writer.event(body, reason, message, type_)
         return status
+
+    def _note_woken(
+        self, body: Mapping[str, Any], observed: Observed, status: dict[str, Any]
+    ) -> None:
+        """Waking -> Awake on the first pass that sees a Ready prefill and decode (any pass:
+        the wake time counts to it, not to the next autoscaler interval)."""
+        assert self.autoscaler is not None
+        ready = {role: role_replicas(observed, role, 0).ready for role in labels.WORKER_ROLES}
+        change = woken(status.get("scaleToZero"), ready, self.autoscaler.wall_clock_s())
+        if change is not None:
+            status["scaleToZero"] = change.record
+            if change.event is not None:
+                self.writer.event(body, *change.event)
 
     def _preflight(
         self,

@@ -997,6 +997,35 @@ class RolloutStatus(ApiModel):
     message: str = Field("", description="What the rollout waits for.")
 
 
+class PoolSizes(ApiModel):
+    """Replicas of both pools."""
+
+    prefill: int = Field(0, description="Prefill replicas.")
+    decode: int = Field(0, description="Decode replicas.")
+
+
+class ScaleToZeroStatus(ApiModel):
+    """Where a service that scales to zero stands (docs/design/scale-to-zero.md)."""
+
+    state: Literal["Awake", "Idle", "Waking"] = Field(
+        description="Awake (the autoscaler sizes the pools), Idle (both pools at zero; the "
+        "activator holds requests), Waking (a held request woke it; the pools start)."
+    )
+    since: str | None = Field(None, description="When the state began (RFC 3339).")
+    last_busy: PoolSizes | None = Field(
+        None,
+        description="The pools' sizes the last time requests were in flight: a wake starts "
+        "both pools at these sizes (within the bounds and gpuBudget).",
+    )
+    held_requests: int = Field(0, description="Requests the activator held at the last read.")
+    wake_seconds: float | None = Field(
+        None,
+        description="The last wake: from the oldest held request's arrival to a Ready "
+        "prefill and decode.",
+    )
+    message: str = Field("", description="Why the state is what it is.")
+
+
 class InferenceServiceStatus(ApiModel):
     """Observed state, written by the operator once per reconcile pass."""
 
@@ -1022,6 +1051,9 @@ class InferenceServiceStatus(ApiModel):
     )
     rollout: RolloutStatus | None = Field(
         None, description="The revision-paired rollout in progress, if any."
+    )
+    scale_to_zero: ScaleToZeroStatus | None = Field(
+        None, description="Sleep and wake, with autoscaling.scaleToZero."
     )
 
 

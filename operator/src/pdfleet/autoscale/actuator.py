@@ -17,15 +17,19 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
-from pdfleet import labels, metrics
+import httpx
+
+from pdfleet import httpclient, labels, metrics
 from pdfleet.api.types import format_duration, parse_duration
 from pdfleet.api.v1alpha1 import CapacityHintSpec, InferenceService, SLOStatus
+from pdfleet.autoscale import idle
 from pdfleet.autoscale.attainment import slo_attainment
 from pdfleet.autoscale.policy import (
     Decision,
@@ -263,22 +267,23 @@ READ_POLL_S = 0.5
 READS_PER_PROMETHEUS = 2
 
 Key = tuple[str, str]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class _Read:
+class _Read(Generic[T]):
     started_s: float
-    result: Future[MetricsWindow]
+    result: Future[T]
 
 
-class WindowReads:
-    """Metrics window reads beside the reconcile passes: at most one in flight per service,
-    run on threads of the service's Prometheus URL (`READS_PER_PROMETHEUS`)."""
+class WindowReads(Generic[T]):
+    """Reads beside the reconcile passes (a metrics window, the activators' pages): at most
+    one in flight per service, run on threads of the source's URL (`READS_PER_PROMETHEUS`)."""
 
     def __init__(self, executor_for: Callable[[str], Executor] | None = None) -> None:
         self._executor_for = executor_for or self._threads_for
         self._executors: dict[str, Executor] = {}
-        self._reads: dict[Key, _Read] = {}
+        self._reads: dict[Key, _Read[T]] = {}
         self._lock = threading.Lock()
 
     def _threads_for(self, url: str) -> Executor:
@@ -289,11 +294,11 @@ class WindowReads:
                 )
             return self._executors[url]
 
-    def get(self, key: Key) -> _Read | None:
+    def get(self, key: Key) -> _Read[T] | None:
         with self._lock:
             return self._reads.get(key)
 
-    def start(self, key: Key, url: str, read: Callable[[], MetricsWindow], now_s: float) -> _Read:
+    def start(self, key: Key, url: str, read: Callable[[], T], now_s: float) -> _Read[T]:
         started = _Read(now_s, self._executor_for(url).submit(read))
         with self._lock:
             self._reads[key] = started
@@ -304,7 +309,37 @@ class WindowReads:
             self._reads.pop(key, None)
 
 
-def _answer(read: _Read, url: str) -> MetricsWindow | str:
+# The activators' pages: every service's reads share this pool, each page a short GET (a hung
+# activator costs its own service a timeout, the others a place in the queue).
+ACTIVATOR_POOL = "activators"
+ACTIVATOR_TIMEOUT = httpx.Timeout(1.0)
+
+Pod = tuple[str, str | None]
+"""(name, pod IP) of an activator pod."""
+
+
+def read_activator_pages(
+    pods: Sequence[Pod], port: int, client: httpx.Client | None = None
+) -> idle.ActivatorReading:
+    """GET every activator pod's /metrics; a pod that cannot be read is named, with why."""
+    client = client or httpclient.shared()
+    samples: list[idle.ActivatorSample] = []
+    unread: list[str] = []
+    for name, ip in pods:
+        if not ip:
+            unread.append(f"{name}: no pod IP yet")
+            continue
+        url = httpx.URL(scheme="http", host=ip, port=port, path="/metrics")
+        try:
+            response = client.get(url, timeout=ACTIVATOR_TIMEOUT)
+            response.raise_for_status()
+            samples.append(idle.parse_sample(response.text))
+        except (httpx.HTTPError, ValueError) as error:
+            unread.append(f"{name}: {type(error).__name__}: {error}")
+    return idle.ActivatorReading(tuple(samples), tuple(unread))
+
+
+def _answer(read: _Read[MetricsWindow], url: str) -> MetricsWindow | str:
     """The window a finished read got, or what went wrong."""
     try:
         return read.result.result()
@@ -319,8 +354,12 @@ class Autoscaler:
     source_for: Callable[[str], MetricsSource]
     """A metrics source for a Prometheus URL."""
     clock_s: Callable[[], float]
-    reads: WindowReads = field(default_factory=WindowReads)
+    wall_clock_s: Callable[[], float] = time.time
+    """Unix time: the activators' timestamps are in it."""
+    reads: WindowReads[MetricsWindow] = field(default_factory=WindowReads)
     read_deadline_s: float = READ_DEADLINE_S
+    activator_reads: WindowReads[idle.ActivatorReading] = field(default_factory=WindowReads)
+    read_activators: Callable[[Sequence[Pod], int], idle.ActivatorReading] = read_activator_pages
     _history: dict[Key, tuple[Decision, ...]] = field(default_factory=dict)
     _last_run: dict[Key, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -339,13 +378,15 @@ class Autoscaler:
     def come_back_s(self, isvc: InferenceService) -> float | None:
         """When the service's next pass should come: soon while its read is in flight, else
         when the next step is due (None: it is due now, the pass already ran it)."""
-        read = self.reads.get((str(isvc.metadata.namespace), str(isvc.metadata.name)))
-        if read is not None and not read.result.done() and self.due(isvc):
-            return READ_POLL_S
+        key = (str(isvc.metadata.namespace), str(isvc.metadata.name))
+        for read in (self.reads.get(key), self.activator_reads.get(key)):
+            if read is not None and not read.result.done() and self.due(isvc):
+                return READ_POLL_S
         return self.due_in_s(isvc) or None
 
     def forget(self, namespace: str, name: str) -> None:
         self.reads.forget((namespace, name))
+        self.activator_reads.forget((namespace, name))
         with self._lock:
             self._history.pop((namespace, name), None)
             self._last_run.pop((namespace, name), None)
@@ -382,6 +423,66 @@ class Autoscaler:
         if age_s < self.read_deadline_s:
             return None
         return f"Prometheus {url} did not answer within {format_duration(self.read_deadline_s)}"
+
+    def _activators(
+        self, isvc: InferenceService, observed: Observed, now_s: float
+    ) -> idle.ActivatorReading | None:
+        """What the service's activators say, None while their pages are being read."""
+        key = (str(isvc.metadata.namespace), str(isvc.metadata.name))
+        read = self.activator_reads.get(key)
+        if read is None:
+            pods = [(p.name, p.pod_ip) for p in observed.pods_of(labels.ROLE_ACTIVATOR)
+                    if not p.terminating]  # fmt: skip
+            port = isvc.spec.router.port
+
+            def pages() -> idle.ActivatorReading:
+                return self.read_activators(pods, port)
+
+            read = self.activator_reads.start(key, ACTIVATOR_POOL, pages, now_s)
+        if not read.result.done():
+            if now_s - read.started_s < self.read_deadline_s:
+                return None
+            self.activator_reads.forget(key)
+            waited = format_duration(self.read_deadline_s)
+            return idle.ActivatorReading((), (f"the activators' pages did not come in {waited}",))
+        self.activator_reads.forget(key)
+        try:
+            return read.result.result()
+        except Exception as error:  # a failed read is an unread activator, never a crash
+            return idle.ActivatorReading((), (f"{type(error).__name__}: {error}",))
+
+    def sleep_or_wake(
+        self,
+        isvc: InferenceService,
+        observed: Observed,
+        current: Mapping[str, int],
+        previous_status: Mapping[str, Any] | None,
+    ) -> idle.Transition | None:
+        """For a service with scaleToZero, on a due pass: the sleep rule's transition (None
+        while the activators are being read). One that sets the pools' sizes stands in for
+        the policy's decision of this interval."""
+        stz = isvc.spec.autoscaling.scale_to_zero
+        assert stz is not None
+        now_s = self.clock_s()
+        reading = self._activators(isvc, observed, now_s)
+        if reading is None:
+            return None
+        spec = isvc.spec
+        bounds = idle.Bounds(
+            minimum={r: spec.role(r).replicas.min for r in labels.WORKER_ROLES},
+            maximum={r: spec.role(r).replicas.max for r in labels.WORKER_ROLES},
+            gpus={r: spec.role(r).gpus_per_replica for r in labels.WORKER_ROLES},
+            budget=spec.autoscaling.gpu_budget,
+        )
+        record = (previous_status or {}).get("scaleToZero")
+        wall_s = self.wall_clock_s()
+        change = idle.transition(
+            record, reading, current, parse_duration(stz.idle_after), bounds, wall_s
+        )
+        if change.desired is not None:
+            with self._lock:
+                self._last_run[(str(isvc.metadata.namespace), str(isvc.metadata.name))] = now_s
+        return change
 
     def step(
         self,

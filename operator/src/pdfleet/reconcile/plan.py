@@ -132,12 +132,21 @@ class RenderCache:
         self._last.pop((namespace, name), None)
 
 
+def asleep(isvc: InferenceService, status: Mapping[str, Any] | None) -> bool:
+    """Both pools are asleep by the scaleToZero rule (autoscale/idle.py): the activator
+    holds requests, so a service with no worker is still what its user asked for."""
+    record = (status or {}).get("scaleToZero") or {}
+    return isvc.spec.autoscaling.scale_to_zero is not None and record.get("state") == "Idle"
+
+
 def desired_replicas(isvc: InferenceService, status: Mapping[str, Any] | None) -> dict[str, int]:
     """How many workers each pool should have now.
 
     Without autoscaling it is the spec's starting count. With it, the autoscaler's last
     decision (kept in status, never in the spec) clamped to the current bounds, so editing
-    min/max takes effect at once."""
+    min/max takes effect at once; asleep (scaleToZero's Idle), zero whatever min says."""
+    if asleep(isvc, status):
+        return {role: 0 for role in labels.WORKER_ROLES}
     result = {}
     for role in labels.WORKER_ROLES:
         bounds = isvc.spec.role(role).replicas

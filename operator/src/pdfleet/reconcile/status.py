@@ -27,6 +27,7 @@ from pdfleet.api.v1alpha1 import (
     RolloutStatus,
 )
 from pdfleet.reconcile.observed import Observed, PodInfo, Stuck, parse_time
+from pdfleet.reconcile.plan import asleep
 from pdfleet.render.common import child_name
 from pdfleet.render.router import endpoint
 from pdfleet.rollout.plan import RolloutPlan
@@ -185,14 +186,23 @@ def _stalled_condition(
 def _router_condition(isvc: InferenceService, observed: Observed) -> ConditionValue:
     if isvc.spec.router.type != "vllm-router":
         return ConditionValue(ROUTER_READY, True, "External", "requests go through your gateway")
+    front = None
+    if isvc.spec.autoscaling.scale_to_zero is not None:
+        # Clients reach the service through the activator (render/activator.py).
+        front = observed.child("Deployment", child_name(isvc, labels.ROLE_ACTIVATOR))
+        if front is None or front.available_replicas < 1:
+            return ConditionValue(
+                ROUTER_READY, False, "ActivatorUnavailable", "no activator replica is ready"
+            )
     ref = observed.child("Deployment", child_name(isvc, labels.ROLE_ROUTER))
     if ref is None or ref.available_replicas < 1:
         return ConditionValue(
             ROUTER_READY, False, "RouterUnavailable", "no router replica is ready"
         )
-    return ConditionValue(
-        ROUTER_READY, True, "RouterAvailable", f"{ref.available_replicas} router replica(s) ready"
-    )
+    message = f"{ref.available_replicas} router replica(s) ready"
+    if front is not None:
+        message += f", {front.available_replicas} activator replica(s)"
+    return ConditionValue(ROUTER_READY, True, "RouterAvailable", message)
 
 
 def rolled_out(isvc: InferenceService, observed: Observed) -> bool:
@@ -273,6 +283,7 @@ def conditions(
     writes: int,
     rollout: RolloutPlan | None = None,
     rollout_stalled: ConditionValue | None = None,
+    sleeping: bool = False,
 ) -> list[ConditionValue]:
     """The conditions this module owns. During a paired rollout (`rollout`) the service is
     Ready while the serving revision's pools are, Reconciling says RollingOut, and a rollout
@@ -285,6 +296,17 @@ def conditions(
     pools_settled = all(s["replicas"] == s["desired"] and not s["draining"] for s in roles.values())
     converged = rolling or rolled_out(isvc, observed)
     ready = pools_ready and router.status and writes == 0 and converged
+    if sleeping and router.reason != "ActivatorUnavailable":
+        # The router has no pair to be ready with; the activator answers for the service.
+        message = "asleep: both pools at zero; the activator holds the next request and wakes them"
+        ready_value = ConditionValue(READY, True, "Idle", message)
+        reconciling = ConditionValue(RECONCILING, True, "Progressing", _pools_message(roles))
+        if pools_settled:
+            reconciling = ConditionValue(RECONCILING, False, "Reconciled")
+        stalled_value = ConditionValue(STALLED, False, "Reconciled")
+        return [ready_value, reconciling, stalled_value, router, capacity,
+                ConditionValue(PODS_STUCK, False, "NoPodStuck"),
+                ConditionValue(SPEC_VALID, True, "Valid")]  # fmt: skip
     stuck = _stuck_condition(pod_causes(observed.pods, None), network, not pools_ready)
     causes = pod_causes(observed.pods, network)
     stalled = _stalled_condition(isvc, observed.pods, causes, capacity, now)
@@ -377,9 +399,11 @@ def compute_status(
     record, rollout_stalled = (
         rollout_status(isvc, rollout, previous, now) if rollout is not None else (None, None)
     )
-    values = conditions(isvc, observed, roles, now, writes, rollout, rollout_stalled)
+    sleeping = asleep(isvc, previous)
+    values = conditions(isvc, observed, roles, now, writes, rollout, rollout_stalled, sleeping)
     status: dict[str, Any] = {
         **{k: v for k, v in previous.items() if k in OTHER_WRITERS},
+        **_scale_to_zero_record(isvc, previous),
         "observedGeneration": isvc.metadata.generation,
         "conditions": merge_conditions(
             previous.get("conditions") or [], values, isvc.metadata.generation, now
@@ -396,6 +420,14 @@ def compute_status(
     if record is not None:
         status["rollout"] = record
     return status
+
+
+def _scale_to_zero_record(isvc: InferenceService, previous: Mapping[str, Any]) -> dict[str, Any]:
+    """The autoscaler writes status.scaleToZero; it goes when the spec turns scaleToZero off."""
+    record = previous.get("scaleToZero")
+    if record is None or isvc.spec.autoscaling.scale_to_zero is None:
+        return {}
+    return {"scaleToZero": record}
 
 
 def invalid_status(
