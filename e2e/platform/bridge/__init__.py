@@ -3,16 +3,20 @@
 Where it fits: the local cluster (``e2e/platform/cluster.py``) has a real control plane and kwok's
 fake GPU nodes. kwok alone only pretends: pods turn Running with nothing behind them. For the e2e
 scenarios and the demo, pods that carry the bridge label (by default ``pdfleet.dev/role``, present
-on every prefill, decode and router pod the operator renders) are left by kwok to this bridge, which
-plays kubelet for them:
+on every prefill, decode, router and activator pod the operator renders) are left by kwok to this
+bridge, which plays kubelet for them:
 
 * kwok's bridge stage gives a scheduled pod its IP from the node's podCIDR (phase Pending,
   containers ``ContainerCreating``); without that stage the bridge allocates one itself, from
   the top of the node's podCIDR down, away from kwok's pool, which grows from the bottom;
 * the bridge resolves the container's environment, maps the container to a local command
   (``pdfleet-agent launch`` with ``PDFLEET_ENGINE=sim`` for workers, or with the real vLLM
-  engine for workers of the CPU engine image, the real ``vllm-router`` for the router)
-  bound to the pod IP, which is a local address inside ``e2e/platform/netns.sh``;
+  engine for workers of the CPU engine image, the real ``vllm-router`` for the router,
+  ``pdfleet activator`` for the activator) bound to the pod IP, which is a local address
+  inside ``e2e/platform/netns.sh``. There is no cluster DNS or kube-proxy: the activator's
+  upstream, the router's Service, becomes the address of one of its endpoints (its
+  EndpointSlices) when the container starts; a container whose Service has no endpoint
+  address yet waits (``CreateContainerConfigError``) and is tried again;
 * it reports ``pods/status`` like kubelet (Running, container states, restarts) and drives
   Ready from the container's own startup/readiness probes (httpGet, exec, tcpSocket), writing
   only on change; liveness failures restart the container;
@@ -35,7 +39,8 @@ One module per concept, each importing only the ones listed before it:
 * ``environment``: a container's environment (``envFrom``, ``env``, downward API, ``$(VAR)``);
 * ``probes``: probe specs and kubelet's success/failure bookkeeping;
 * ``settings``: what the bridge runs and how (``BridgeSettings``, the runner rules);
-* ``commands``: a container -> the local command of its runner (simulator, engine, router);
+* ``commands``: a container -> the local command of its runner (simulator, engine, router,
+  activator);
 * ``containers``: one container's process, exec hooks and probe runs (I/O);
 * ``worker``: ``PodWorker``, the thread that plays kubelet for one pod (I/O);
 * ``bridge``: ``Bridge``, the pod watch and the API calls (I/O); ``worker`` names it for

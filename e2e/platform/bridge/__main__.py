@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="IMAGE_GLOB=RUNNER",
-        help="extra image rule (runners: worker, engine, router), tried before the role rules",
+        help=f"extra image rule (runners: {', '.join(RUNNERS)}), tried before the role rules",
     )
     parser.add_argument(
         "--engine-root",

@@ -3,7 +3,7 @@
 Where it fits: pytest fixtures and the fleet helpers use ``Bridge`` (or ``running``) as a
 context manager, the command line (``__main__``) runs one until a signal; it starts a worker
 (``worker``) for each owned pod on a kwok node and serves the workers' reads and writes of
-nodes, pods, Secrets and ConfigMaps.
+nodes, pods, Secrets and ConfigMaps, and the Services (their EndpointSlices) a container names.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e.platform.bridge.commands import select_runner
+from e2e.platform.bridge.commands import StartError, select_runner, service_endpoint
 from e2e.platform.bridge.environment import Lookup
 from e2e.platform.bridge.pods import Manifest, is_kwok_node, pod_key
 from e2e.platform.bridge.settings import BridgeSettings
@@ -53,6 +53,7 @@ class Bridge:
             config_file=str(settings.kubeconfig)
         )
         self.core = client.CoreV1Api(self.api)
+        self.discovery = client.DiscoveryV1Api(self.api)
         self._workers: dict[str, PodWorker] = {}
         self._finished: dict[str, PodWorker] = {}
         self._failed: set[str] = set()  # uids whose worker crashed: not retried
@@ -156,6 +157,62 @@ class Bridge:
                 raise
 
         return read
+
+    def resolve_service(
+        self,
+        namespace: str,
+        name: str,
+        port: int,
+        *,
+        wait_s: float,
+        abandoned: Callable[[], bool] = lambda: False,
+    ) -> tuple[str, int]:
+        """An endpoint ``(address, port)`` of Service ``namespace/name`` for its port ``port``
+        (``commands.service_endpoint``: ready first, else not ready), what cluster DNS and
+        kube-proxy would connect to. The Service may have none yet: the activator's pod is
+        created with the router's, whose IP, then EndpointSlice, come a moment later. So this
+        looks again every half second for ``wait_s``, or until ``abandoned()``, then raises
+        StartError with the last reason."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return service_endpoint(
+                    namespace,
+                    name,
+                    self._read_service(namespace, name),
+                    self._endpoint_slices(namespace, name),
+                    port,
+                )
+            except StartError as err:
+                reason = str(err)
+            except Exception as err:  # the API server restarting, ...: look again
+                reason = f"Service {namespace}/{name}: {err}"
+            if abandoned():
+                raise StartError(f"{reason} (the pod is going away)")
+            if time.monotonic() >= deadline:
+                raise StartError(f"{reason} after {wait_s:g}s")
+            time.sleep(0.5)
+
+    def _read_service(self, namespace: str, name: str) -> Manifest | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            resp: Any = self.core.read_namespaced_service(name, namespace, _preload_content=False)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        service: Manifest = json.loads(resp.data)
+        return service
+
+    def _endpoint_slices(self, namespace: str, name: str) -> list[Manifest]:
+        resp: Any = self.discovery.list_namespaced_endpoint_slice(
+            namespace,
+            label_selector=f"kubernetes.io/service-name={name}",
+            _preload_content=False,
+        )
+        items: list[Manifest] = json.loads(resp.data).get("items", [])
+        return items
 
     def patch_status(self, pod: Mapping[str, Any], body: Manifest) -> bool:
         """Patch ``pods/status``; False when the pod changed (conflict) or is gone."""

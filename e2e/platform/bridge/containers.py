@@ -127,6 +127,7 @@ class ContainerRun:
             self.view,
             state="running",
             reason="",
+            message="",
             started_at=now,
             finished_at=None,
             exit_code=None,

@@ -111,10 +111,16 @@ class ContainerView:
     restart_count: int = 0
     last_exit: tuple[int, float, float] | None = None  # exit code, started, finished
     container_id: str = ""
+    message: str = ""  # why a waiting container is not running (CreateContainerConfigError)
 
 
 def _state(
-    kind: str, reason: str, code: int | None, started: float | None, fin: float | None
+    kind: str,
+    reason: str,
+    code: int | None,
+    started: float | None,
+    fin: float | None,
+    message: str = "",
 ) -> Manifest:
     if kind == "running":
         return {"running": {"startedAt": rfc3339(started or 0.0)}}
@@ -127,7 +133,8 @@ def _state(
                 "finishedAt": rfc3339(fin or 0.0),
             }
         }
-    return {"waiting": {"reason": reason}}
+    waiting = {"reason": reason} | ({"message": message} if message else {})
+    return {"waiting": waiting}
 
 
 def container_status(view: ContainerView) -> Manifest:
@@ -140,7 +147,9 @@ def container_status(view: ContainerView) -> Manifest:
         "ready": view.ready,
         "started": view.started,
         "restartCount": view.restart_count,
-        "state": _state(view.state, view.reason, view.exit_code, view.started_at, view.finished_at),
+        "state": _state(
+            view.state, view.reason, view.exit_code, view.started_at, view.finished_at, view.message
+        ),
     }
     if view.last_exit is not None:
         code, started, finished = view.last_exit

@@ -2,7 +2,7 @@
 
 Where it fits: ``BridgeSettings`` is what pytest fixtures, the fleet helpers and the command
 line (``__main__``) hand to ``Bridge``; its ``rules`` send each container to a runner of
-``commands`` (simulator worker, real engine, router). No I/O.
+``commands`` (simulator worker, real engine, router, activator). No I/O.
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ DEFAULT_RULES: tuple[RunnerRule, ...] = (
     RunnerRule("engine", roles=WORKER_ROLES, image=REAL_ENGINE_IMAGE),
     RunnerRule("worker", roles=WORKER_ROLES),
     RunnerRule("router", roles=frozenset({labels.ROLE_ROUTER})),
+    # `pdfleet activator`, found on bin_dir (the venv's console script).
+    RunnerRule("activator", roles=frozenset({labels.ROLE_ACTIVATOR})),
 )
 
 
@@ -62,7 +64,7 @@ class BridgeSettings:
     time_scale: float = 1.0  # PDFLEET_SIM_TIME_SCALE: wall seconds per simulated second
     sim_preset: str | None = None  # PDFLEET_SIM_PRESET; None: the simulator's default
     engine_root: Path | None = None  # e2e/platform/engine.sh's install, for REAL_ENGINE_IMAGE pods
-    bin_dir: Path = VENV_BIN  # searched first for commands (pdfleet-agent, vllm-router)
+    bin_dir: Path = VENV_BIN  # searched first for commands (pdfleet-agent, vllm-router, pdfleet)
     rules: tuple[RunnerRule, ...] = DEFAULT_RULES
     ip_wait_s: float = 3.0  # wait this long for kwok's pod IP before allocating one
     probe_period_max_s: float | None = None  # cap on probe periods (faster tests); None: spec
@@ -72,3 +74,7 @@ class BridgeSettings:
     restart_backoff_s: float = 1.0  # first restart delay; doubles up to restart_backoff_max_s
     restart_backoff_max_s: float = 30.0
     tick_s: float = 0.1  # how often a pod's thread looks at its process and probes
+    # How long a container start waits for a Service it names to have an endpoint address
+    # (the activator's upstream: the router's pod may not have its IP yet) before it fails
+    # with CreateContainerConfigError, to be tried again with back-off.
+    service_wait_s: float = 60.0

@@ -8,15 +8,23 @@ the bridge, and on deletion runs preStop, stops the processes and deletes the po
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from e2e.platform.bridge.commands import RUNNERS, LaunchContext, select_runner
+from e2e.platform.bridge.commands import (
+    RUNNERS,
+    LaunchContext,
+    LocalCommand,
+    StartError,
+    select_runner,
+)
 from e2e.platform.bridge.containers import ContainerRun, probe_once, run_exec
 from e2e.platform.bridge.environment import resolve_env
 from e2e.platform.bridge.pods import (
@@ -61,6 +69,9 @@ class PodWorker(threading.Thread):
         # name (StatefulSet) gets its own directory.
         self.pod_dir = self.settings.log_dir / f"{self.key.replace('/', '_')}_{self.uid[:8]}"
         self.containers: list[ContainerRun] = []
+        # Per container: builds its command, at each start (a runner may look the cluster up).
+        self._commands: dict[str, Callable[[], LocalCommand]] = {}
+        self._create_failures: dict[str, int] = {}  # consecutive StartErrors per container
         self.terminal: str | None = None
         self.timeline: dict[str, float] = {"seen": time.time()}
         self._written: tuple[object, ...] | None = None
@@ -80,6 +91,10 @@ class PodWorker(threading.Thread):
 
     def deleting(self) -> bool:
         return bool(self.pod["metadata"].get("deletionTimestamp"))
+
+    def abandoned(self) -> bool:
+        """The pod is being deleted or gone, or the bridge is stopping: stop waiting."""
+        return self.stopping.is_set() or self.gone.is_set() or self.deleting()
 
     # -- the thread ----------------------------------------------------------------------
 
@@ -145,6 +160,12 @@ class PodWorker(threading.Thread):
             time_scale=self.settings.time_scale,
             sim_preset=self.settings.sim_preset,
             engine_root=self.settings.engine_root,
+            namespace=str(pod["metadata"]["namespace"]),
+            resolve_service=functools.partial(
+                self.bridge.resolve_service,
+                wait_s=self.settings.service_wait_s,
+                abandoned=self.abandoned,
+            ),
         )
         for spec in pod["spec"]["containers"]:
             runner = select_runner(pod, spec, self.settings.rules)
@@ -154,7 +175,7 @@ class PodWorker(threading.Thread):
             cap, floor = self.settings.probe_period_max_s, self.settings.probe_timeout_min_s
             run = ContainerRun(
                 spec=spec,
-                command=RUNNERS[runner](spec, env, ctx),
+                command=LocalCommand((), env),  # built at each start, by _create
                 log_path=self.pod_dir / f"{spec['name']}.log",
                 events_path=self.pod_dir / f"{spec['name']}.events.log",
                 startup=_tracker(parse_probe(spec.get("startupProbe"), spec, cap, floor)),
@@ -163,10 +184,43 @@ class PodWorker(threading.Thread):
                 view=ContainerView(name=str(spec["name"]), image=str(spec.get("image", ""))),
             )
             self.containers.append(run)
-            run.start(self.pod_dir)
-            log.info("%s/%s: %s on %s", self.key, run.name, runner, self.pod_ip)
+            self._commands[run.name] = functools.partial(RUNNERS[runner], spec, env, ctx)
+            if self._create(run):
+                log.info("%s/%s: %s on %s", self.key, run.name, runner, self.pod_ip)
         self.timeline["started"] = time.time()
         self._write_status()
+
+    def _create(self, c: ContainerRun) -> bool:
+        """Build the container's command and start its process; False when it cannot start
+        yet (StartError: the activator's upstream Service has no endpoint address). Then, as
+        kubelet does for a container it cannot create, the container waits with
+        ``CreateContainerConfigError`` and the reason as message (the pod stays Pending, its
+        other containers run), and ``_supervise`` tries again after a back-off. Any other
+        error (a runner that is not installed, a command not found) fails the pod's worker,
+        as it always has."""
+        try:
+            c.command = self._commands[c.name]()
+        except StartError as err:
+            failures = self._create_failures.get(c.name, 0)
+            self._create_failures[c.name] = failures + 1
+            delay = restart_delay(
+                failures, self.settings.restart_backoff_s, self.settings.restart_backoff_max_s
+            )
+            c.event(f"cannot start: {err}; trying again in {delay:g}s")
+            log.warning("%s/%s cannot start: %s", self.key, c.name, err)
+            c.restart_at = time.time() + delay
+            c.view = replace(
+                c.view,
+                state="waiting",
+                reason="CreateContainerConfigError",
+                message=str(err),
+                ready=False,
+                started=False,
+            )
+            return False
+        self._create_failures.pop(c.name, None)
+        c.start(self.pod_dir)
+        return True
 
     def _supervise(self) -> None:
         """Probes, exits and restarts until the pod is deleted (or the bridge stops)."""
@@ -189,8 +243,11 @@ class PodWorker(threading.Thread):
             return
         if c.restart_at is not None:
             if now >= c.restart_at:
-                c.start(self.pod_dir)
-                c.event(f"restarted (restartCount {c.view.restart_count})")
+                first = c.popen is None  # it never started: its creation failed
+                if self._create(c):
+                    c.event(
+                        "started" if first else f"restarted (restartCount {c.view.restart_count})"
+                    )
             return
         code = c.exited()
         if code is not None:
