@@ -19,7 +19,7 @@ E2E_TESTS := tests/e2e/bridge tests/e2e/observability tests/e2e/rollout
 # suite): part of `make test`; their latency bounds assume the machine is not shared with
 # other runs. The drain cycles run on their own (`make test-drain`): one of their drains
 # in 15 waited for its timeout in a CI run, with nothing in flight (docs/drain.md, open).
-SCENARIO_TESTS := tests/e2e/autoscale tests/e2e/faults
+SCENARIO_TESTS := tests/e2e/autoscale tests/e2e/scale_to_zero tests/e2e/faults
 DRAIN_TESTS := tests/e2e/drain
 # Real vLLM (its CPU build, e2e/platform/engine.sh) in the local cluster: P/D over NIXL, the
 # preflight, the autoscaler's signals, a scale-down under load, and the simulator held to the

@@ -245,11 +245,13 @@ def running_fleet(
     progress: Callable[[str], None] = lambda _: None,
     ready_timeout_s: float = 180.0,
     rule_files: Sequence[Path] = (),
+    edit: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Iterator[Fleet]:
     """Prometheus, bridge, operator and the demo service, Ready; stopped on exit (unless
     ``keep``). A namespace other than ``default`` is created and gets a bridge of its own.
     Prometheus scrapes the workers (the shipped Kubernetes SD job) and the operator (as the
-    chart's ServiceMonitor does) and evaluates ``rule_files``."""
+    chart's ServiceMonitor does) and evaluates ``rule_files``. ``edit`` turns the demo
+    service's manifest into the one applied."""
     core = client.CoreV1Api(api)
     with contextlib.ExitStack() as stack:
         apply_crds(cluster, api)
@@ -292,6 +294,8 @@ def running_fleet(
             stack.callback(operator.stop)
         operator.wait_healthy()
         manifest = fleet_manifest(prometheus.url, namespace)
+        if edit is not None:
+            manifest = edit(manifest)
         cluster.apply([manifest])
         fleet = Fleet(api, namespace, manifest["metadata"]["name"], manifest, prometheus, bridge,
                       operator)  # fmt: skip
