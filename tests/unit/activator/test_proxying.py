@@ -1,8 +1,11 @@
-"""What the activator passes on and what it answers itself."""
+"""What the activator passes on, which of the router's answers it takes for "no pair", and
+what it answers itself."""
 
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from pdfleet.activator import proxying
 
@@ -81,3 +84,27 @@ def test_upstream_failed_is_a_502_naming_the_router() -> None:
         "param": None,
         "code": 502,
     }
+
+
+@pytest.mark.parametrize(
+    ("status", "ready", "recheck", "rehold"),
+    [
+        # The pair left between two polls: the router's "503 No available workers", and its
+        # /readiness asked right after says no.
+        (503, False, True, True),
+        # Still ready: the 503 is the router's answer (overload, a failing worker), passed on.
+        (503, True, True, False),
+        # Any other status is the router's answer, whatever /readiness says.
+        (200, True, False, False),
+        (200, False, False, False),
+        (502, False, False, False),
+        (504, False, False, False),
+        (429, False, False, False),
+        (500, False, False, False),
+    ],
+)
+def test_only_a_503_from_a_router_with_no_ready_pair_is_held_again(
+    status: int, ready: bool, recheck: bool, rehold: bool
+) -> None:
+    assert proxying.recheck(status) is recheck
+    assert proxying.rehold(status=status, ready=ready) is rehold

@@ -1,7 +1,9 @@
 """The activator as a process sees it: a real aiohttp router stand-in on 127.0.0.1, a real
 activator in front of it, and an HTTP client. Forward and stream while the router is ready;
-hold and release in arrival order while it is not; 503 past maxWait; 502 when the router
-does not answer; its own /healthz and /metrics (what the operator reads to wake the service)."""
+hold and release in arrival order while it is not; hold again, in its place, a request the
+router turns away because its last pair left between two polls, and pass on a 503 of a router
+that is still ready; 503 past maxWait; 502 when the router does not answer; its own /healthz
+and /metrics (what the operator reads to wake the service)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,12 @@ async def metric_values(url: str) -> dict[str, float]:
         for sample in family.samples
         if sample.name.startswith("pdfleet_activator_")
     }
+
+
+def expect_values(values: dict[str, float], **want: float) -> None:
+    """The activator's series named in `want` (without the pdfleet_activator_ prefix)."""
+    got = {name: values.get(f"pdfleet_activator_{name}") for name in want}
+    assert got == want
 
 
 async def held(activator: server.Activator, count: int) -> None:
@@ -112,9 +120,12 @@ async def test_holds_twenty_and_forwards_all_in_arrival_order(fleet: Fleet) -> N
         assert activator.queue.held == 20
         assert fleet.router.seen == []
         values = await metric_values(url)
-        assert values["pdfleet_activator_requests_held"] == 20
-        assert values["pdfleet_activator_requests_in_flight"] == 20
-        assert values["pdfleet_activator_upstream_ready"] == 0
+        expect_values(
+            values,
+            requests_held=20,
+            requests_in_flight=20,
+            upstream_ready=0,
+        )
 
         fleet.router.ready = True
         answers = await asyncio.wait_for(asyncio.gather(*requests), 10)
@@ -123,11 +134,14 @@ async def test_holds_twenty_and_forwards_all_in_arrival_order(fleet: Fleet) -> N
     assert [json.loads(echo["body"])["seq"] for _, echo, _ in answers] == list(range(20))
     assert fleet.router.seen == [str(seq) for seq in range(20)]
     values = await metric_values(url)
-    assert values["pdfleet_activator_held_total"] == 20
-    assert values["pdfleet_activator_forwarded_total"] == 20
-    assert values["pdfleet_activator_expired_total"] == 0
-    assert values["pdfleet_activator_requests_held"] == 0
-    assert values["pdfleet_activator_requests_in_flight"] == 0
+    expect_values(
+        values,
+        held_total=20,
+        forwarded_total=20,
+        expired_total=0,
+        requests_held=0,
+        requests_in_flight=0,
+    )
 
 
 async def test_a_request_held_past_max_wait_gets_503_with_retry_after(fleet: Fleet) -> None:
@@ -152,10 +166,13 @@ async def test_a_request_held_past_max_wait_gets_503_with_retry_after(fleet: Fle
     assert 0.3 <= waited < 1.5
     assert fleet.router.seen == []
     values = await metric_values(url)
-    assert values["pdfleet_activator_expired_total"] == 1
-    assert values["pdfleet_activator_forwarded_total"] == 0
-    assert values["pdfleet_activator_requests_held"] == 0
-    assert values["pdfleet_activator_oldest_held_timestamp_seconds"] == 0
+    expect_values(
+        values,
+        expired_total=1,
+        forwarded_total=0,
+        requests_held=0,
+        oldest_held_timestamp_seconds=0,
+    )
 
 
 async def test_the_oldest_held_arrival_is_exported_while_held_and_0_after_release(
@@ -188,9 +205,12 @@ async def test_the_oldest_held_arrival_is_exported_while_held_and_0_after_releas
         status, _, _ = await asyncio.wait_for(second, 10)
     assert status == 200
     values = await metric_values(url)
-    assert values["pdfleet_activator_requests_held"] == 0
-    assert values["pdfleet_activator_oldest_held_timestamp_seconds"] == 0
-    assert values["pdfleet_activator_last_activity_timestamp_seconds"] == 1_700_000_010.0
+    expect_values(
+        values,
+        requests_held=0,
+        oldest_held_timestamp_seconds=0,
+        last_activity_timestamp_seconds=1_700_000_010.0,
+    )
 
 
 async def test_a_router_that_refuses_while_ready_gets_a_502(fleet: Fleet) -> None:
@@ -258,6 +278,7 @@ async def test_metrics_and_healthz_are_the_activators_own(fleet: Fleet) -> None:
     assert {name: values[name] for name in values if not name.endswith("_created")} == {
         "pdfleet_activator_requests_total": 2,
         "pdfleet_activator_held_total": 1,
+        "pdfleet_activator_rehold_total": 0,
         "pdfleet_activator_expired_total": 1,
         "pdfleet_activator_forwarded_total": 1,
         "pdfleet_activator_upstream_errors_total": 0,
@@ -267,3 +288,201 @@ async def test_metrics_and_healthz_are_the_activators_own(fleet: Fleet) -> None:
         "pdfleet_activator_upstream_ready": 0,
         "pdfleet_activator_last_activity_timestamp_seconds": 1_700_000_000.0,
     }
+
+
+async def test_a_request_the_router_turns_away_as_its_last_pair_leaves_is_held_and_sent_again(
+    fleet: Fleet,
+) -> None:
+    """The drain to zero between two polls: the activator still takes the router for ready,
+    forwards, and gets "503 No available workers"; /readiness, asked at once, says 503. The
+    client never sees that 503: the request is held and sent again once a pair is back."""
+    now = [1_700_000_000.0]
+    fleet.router.ready = True
+    activator, url = await fleet.start_activator(
+        await fleet.start_router(), poll_idle_s=60.0, max_wait_s=20.0, wall_clock=lambda: now[0]
+    )
+    assert activator.ready
+    fleet.router.leave_at_next_request = True
+    async with aiohttp.ClientSession() as client:
+        answer = asyncio.create_task(post(client, url + "/v1/completions", 0))
+        await held(activator, 1)
+        assert fleet.router.seen == ["0"]
+        assert not activator.ready  # learned from the re-check, not from a poll 60 s away
+        now[0] += 3.0
+        values = await metric_values(url)
+        expect_values(
+            values,
+            rehold_total=1,
+            held_total=0,
+            requests_held=1,  # the operator's wake
+            oldest_held_timestamp_seconds=1_700_000_000.0,
+            requests_in_flight=1,
+            upstream_ready=0,
+            forwarded_total=0,
+        )
+        await asyncio.sleep(0.1)  # several held polls: not sent again while not ready
+        assert fleet.router.seen == ["0"]
+
+        fleet.router.ready = True  # a pair is back
+        status, echo, _ = await asyncio.wait_for(answer, 10)
+    assert status == 200
+    assert json.loads(echo["body"]) == {"seq": 0}  # the body, sent again in full
+    assert fleet.router.seen == ["0", "0"]
+    values = await metric_values(url)
+    expect_values(
+        values,
+        requests_total=1,
+        rehold_total=1,
+        forwarded_total=1,
+        expired_total=0,
+        upstream_errors_total=0,
+        requests_held=0,
+        oldest_held_timestamp_seconds=0,
+        requests_in_flight=0,
+        last_activity_timestamp_seconds=1_700_000_003.0,
+    )
+
+
+async def test_a_request_turned_away_goes_back_ahead_of_those_that_came_after_it(
+    fleet: Fleet,
+) -> None:
+    now = [1_700_000_000.0]
+    fleet.router.ready = True
+    gate = fleet.router.gate = asyncio.Event()
+    activator, url = await fleet.start_activator(
+        await fleet.start_router(), max_wait_s=20.0, wall_clock=lambda: now[0]
+    )
+    async with aiohttp.ClientSession() as client:
+        first = asyncio.create_task(post(client, url + "/v1/completions", 0))
+        await until(lambda: fleet.router.seen == ["0"])
+        fleet.router.ready = False  # the pair leaves while the router has the first request
+        await until(lambda: not activator.ready)  # a poll saw it
+        now[0] += 5.0
+        second = asyncio.create_task(post(client, url + "/v1/completions", 1))
+        await held(activator, 1)
+        gate.set()  # the router answers the first: 503 No available workers
+        await held(activator, 2)
+        oldest = activator.queue.oldest()
+        assert oldest is not None and oldest.seq == 0
+        values = await metric_values(url)
+        expect_values(
+            values,
+            oldest_held_timestamp_seconds=1_700_000_000.0,
+            requests_held=2,
+            requests_in_flight=2,
+            held_total=1,
+            rehold_total=1,
+        )
+
+        fleet.router.ready = True
+        answers = await asyncio.wait_for(asyncio.gather(first, second), 10)
+    assert [status for status, _, _ in answers] == [200, 200]
+    assert fleet.router.seen == ["0", "0", "1"]  # the first still first
+
+
+async def test_a_503_from_a_router_that_is_still_ready_goes_to_the_client_unchanged(
+    fleet: Fleet,
+) -> None:
+    fleet.router.ready = True
+    activator, url = await fleet.start_activator(await fleet.start_router(), poll_idle_s=60.0)
+    asked = fleet.router.readiness_asked
+    async with aiohttp.ClientSession() as client:
+        status, body, headers = await asyncio.wait_for(post(client, url + "/v1/overloaded", 0), 5)
+    assert status == 503
+    assert body == {"error": "overloaded"}
+    assert headers["Retry-After"] == "2"
+    assert headers["X-From-Router"] == "1"
+    assert headers["Content-Type"].startswith("application/json")
+    assert fleet.router.readiness_asked == asked + 1  # asked once, right after the 503
+    assert fleet.router.seen == ["0"]  # sent once
+    assert activator.ready
+    values = await metric_values(url)
+    expect_values(
+        values,
+        rehold_total=0,
+        held_total=0,
+        forwarded_total=1,
+        requests_held=0,
+        requests_in_flight=0,
+    )
+
+
+async def test_a_request_turned_away_past_max_wait_since_its_arrival_gets_the_503(
+    fleet: Fleet,
+) -> None:
+    """maxWait counts from the request's arrival, not from its re-hold: the router's answer
+    came 6 s (on the activator's clock, which stands still otherwise) after the request, past
+    maxWait 5 s, so it expires at once."""
+    clock = [1000.0]
+    fleet.router.ready = True
+    gate = fleet.router.gate = asyncio.Event()
+    _, url = await fleet.start_activator(
+        await fleet.start_router(),
+        poll_idle_s=60.0,
+        max_wait_s=5.0,
+        retry_after_s=7.0,
+        clock=lambda: clock[0],
+    )
+    fleet.router.leave_at_next_request = True
+    async with aiohttp.ClientSession() as client:
+        answer = asyncio.create_task(post(client, url + "/v1/completions", 0))
+        await until(lambda: fleet.router.seen == ["0"])
+        clock[0] += 6.0
+        gate.set()
+        status, body, headers = await asyncio.wait_for(answer, 5)
+    assert status == 503
+    assert headers["Retry-After"] == "7"
+    assert body["error"]["type"] == "service_unavailable"
+    assert body["error"]["message"] == (
+        "pdfleet activator: ns/svc had no ready prefill/decode pair within maxWait 5s; retry later"
+    )
+    assert fleet.router.seen == ["0"]
+    values = await metric_values(url)
+    expect_values(
+        values,
+        rehold_total=1,
+        expired_total=1,
+        forwarded_total=0,
+        requests_held=0,
+        oldest_held_timestamp_seconds=0,
+        requests_in_flight=0,
+    )
+
+
+async def test_a_client_that_leaves_while_held_again_is_not_sent_again(fleet: Fleet) -> None:
+    fleet.router.ready = True
+    activator, url = await fleet.start_activator(
+        await fleet.start_router(), poll_idle_s=60.0, max_wait_s=20.0
+    )
+    fleet.router.leave_at_next_request = True
+    async with aiohttp.ClientSession() as client:
+        gone = asyncio.create_task(post(client, url + "/v1/completions", 0))
+        await held(activator, 1)
+        gone.cancel()
+        await until(lambda: activator.queue.held == 0 and activator.activity.in_flight == 0)
+        fleet.router.ready = True
+        await until(lambda: activator.ready)
+        status, _, _ = await post(client, url + "/v1/completions", 1)
+    assert status == 200
+    assert fleet.router.seen == ["0", "1"]
+    values = await metric_values(url)
+    expect_values(
+        values,
+        rehold_total=1,
+        requests_held=0,
+        oldest_held_timestamp_seconds=0,
+    )
+
+
+async def test_a_wait_cancelled_as_its_event_comes_is_cancelled() -> None:
+    """The loops stop on shutdown: on Python 3.11, `asyncio.wait_for` returned the event's
+    result and dropped a cancel that came in the same turn (a held request's handler, cancelled
+    by the shutdown, kicks the dispatcher as the shutdown cancels it), and the dispatcher kept
+    on turning, so the shutdown never ended."""
+    event = asyncio.Event()
+    waiting = asyncio.create_task(server._wait(event, 10.0))
+    await asyncio.sleep(0)  # it waits
+    event.set()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting

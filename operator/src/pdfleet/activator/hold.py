@@ -2,21 +2,26 @@
 
 Where it fits: the activator's server (pdfleet.activator.server) asks `HoldQueue.arrive()`
 whether a request goes to the router at once or waits; on every turn of its dispatcher it asks
-`HoldQueue.step()` which held request goes next and which waited too long. What it exports for
+`HoldQueue.step()` which held request goes next and which waited too long; and it hands back with
+`HoldQueue.rehold()` a request the router turned away for want of a pair. What it exports for
 the operator comes from here too: `HoldQueue.held` and `oldest()` (requests held: wake the
 service), and `Activity` (idleness). The clock, the router's /readiness and the sockets stay in
 server.py, so every rule here is a table test (tests/unit/activator/test_hold.py).
 
 One request's way (readiness: the router's /readiness said 200, it has a prefill/decode pair):
 
-    arrive --ready, nobody held or being released--> forwarded at once
-       \\--otherwise--> HELD --ready, its turn--> RELEASING --sent upstream--> forwarded
-                          |       (the oldest first, one at a time)
-                          +--maxWait passed, not ready--> EXPIRED (503, Retry-After)
-                          +--client gone--> left
+    arrive --ready, nobody held or being released--> forwarded at once -------------------+
+       \\--otherwise--> HELD --ready, its turn--> RELEASING --sent upstream--> forwarded --+
+                        ^ |       (the oldest first, one at a time)                       |
+                        | +--maxWait passed, not ready--> EXPIRED (503, Retry-After)      |
+                        | +--client gone--> left                                          |
+                        +--REHELD, in its place <--the router's 503, /readiness says no---+
 
 While anything is held a new request queues behind it even when the router is ready, so a
-request that came later never overtakes one that waited.
+request that came later never overtakes one that waited. Every request takes its place in the
+arrival order when it arrives, held or not: a request the router turned away (its last pair
+left between two readiness polls) goes back to that place, ahead of those that came after it,
+and keeps its arrival time, so maxWait still counts from its arrival.
 """
 
 from __future__ import annotations
@@ -43,7 +48,9 @@ def verdict(*, ready: bool, waited_s: float, max_wait_s: float) -> Verdict:
 
 @dataclass(frozen=True)
 class Ticket:
-    """One held request: its place in the arrival order and its arrival (monotonic seconds)."""
+    """One request: its place in the arrival order and its arrival (monotonic seconds). Every
+    request has one, the ones forwarded at once too: the router may turn one away, and it then
+    waits in the place it arrived in."""
 
     seq: int
     arrived_s: float
@@ -76,14 +83,23 @@ class HoldQueue:
         """Something held or on its way out: a new request must queue behind it."""
         return bool(self._held) or self._releasing is not None
 
-    def arrive(self, *, ready: bool, now_s: float) -> Ticket | None:
-        """None: forward at once. Otherwise the request is held under the returned ticket."""
-        if ready and not self.busy:
-            return None
+    def arrive(self, *, ready: bool, now_s: float) -> tuple[Ticket, Verdict]:
+        """The request's ticket, and FORWARD (at once) or HOLD (it is held under the ticket)."""
         ticket = Ticket(self._next_seq, now_s)
         self._next_seq += 1
+        if ready and not self.busy:
+            return ticket, Verdict.FORWARD
         self._held[ticket.seq] = ticket
-        return ticket
+        return ticket, Verdict.HOLD
+
+    def rehold(self, ticket: Ticket) -> None:
+        """The router turned the request away for want of a pair (its 503, and /readiness said
+        no): hold it again, in the place its arrival gave it (ahead of later ones, behind
+        earlier ones) and with its arrival time, so that maxWait counts from its arrival."""
+        self.sent(ticket)
+        self._held[ticket.seq] = ticket
+        # Tickets are numbered in arrival order: sorted by number, the dict is in that order.
+        self._held = dict(sorted(self._held.items()))
 
     def step(self, *, ready: bool, now_s: float) -> Step:
         """Release the oldest held request (one at a time: the next goes once `sent()` says

@@ -1,10 +1,12 @@
-"""The activator's proxy rules, pure: which headers pass, and what it answers by itself.
+"""The activator's proxy rules, pure: which headers pass, which of the router's answers are
+no answer, and what it answers by itself.
 
 Where it fits: pdfleet.activator.server copies requests to the router and answers back through
-`request_headers()` and `response_headers()`, and answers with `expired()` (a request held
-past maxWait) or `upstream_failed()` (the router could not be reached) when no answer of the
-router's can be passed on. The errors take the OpenAI shape that vLLM and its clients read:
-`{"error": {"message", "type", "param", "code"}}`.
+`request_headers()` and `response_headers()`; it asks `recheck()` and `rehold()` whether the
+router's answer goes to the client or the request waits again for a pair; and it answers with
+`expired()` (a request held past maxWait) or `upstream_failed()` (the router could not be
+reached) when no answer of the router's can be passed on. The errors take the OpenAI shape that
+vLLM and its clients read: `{"error": {"message", "type", "param", "code"}}`.
 """
 
 from __future__ import annotations
@@ -55,6 +57,28 @@ def response_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]
     """The router's headers as the client gets them. Content-Length and Content-Encoding
     stay: the body passes byte for byte, never decompressed."""
     return _passed(headers, HOP_BY_HOP)
+
+
+# What vllm-router (0.1.17) answers at once, without sending the request to any worker, when it
+# has no prefill or no decode: "503 No available workers: 1 prefill, 0 decode".
+NO_PAIR_STATUS = 503
+
+
+def recheck(status: int) -> bool:
+    """Whether the router's answer may be "no pair" rather than its answer to the request: the
+    pair can leave between two readiness polls (a drain to zero), and then a request the
+    activator took for servable gets this. Asked before a byte of the answer goes to the
+    client, so the request, its body read in full, can still be sent again."""
+    return status == NO_PAIR_STATUS
+
+
+def rehold(*, status: int, ready: bool) -> bool:
+    """Whether the request waits again for a pair, given the router's answer and what its
+    /readiness said right after. A 503 from a router that is still ready is its real answer
+    (overload, a failing worker) and goes to the client unchanged; one from a router that has
+    no pair is the pair gone: the request is held again, in the place it arrived in. The body
+    ("No available workers") is not read: the readiness is the router's own word on it."""
+    return recheck(status) and not ready
 
 
 @dataclass(frozen=True)

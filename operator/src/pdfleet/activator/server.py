@@ -6,6 +6,13 @@ hold.py decides, proxying.py says what passes and what the activator answers its
 module does the waiting: it listens, polls the router's `GET /readiness` (200 once it has a
 healthy prefill/decode pair, docs/design/scale-to-zero.md), forwards and streams.
 
+A poll can be up to `poll_idle_s` old: when the last pair leaves between two polls, a request
+is forwarded to a router that answers `503 No available workers` at once. So a 503 from the
+router is checked before any of it goes to the client: /readiness is asked again, and if it
+says no, the request is held again in its place in the arrival order (`HoldQueue.rehold`) and
+sent again once the router is ready; if it says yes, the 503 was the router's answer and the
+client gets it unchanged.
+
 It never calls the API server and holds no credentials (it faces clients). The operator wakes
 the service: on each autoscaler pass it reads every activator pod's `/metrics`, and
 `pdfleet_activator_requests_held` > 0 is a wake; `_requests_in_flight` 0 with
@@ -75,9 +82,17 @@ class _Metrics:
             return Counter(f"pdfleet_activator_{name}", doc, registry=registry)
 
         self.requests = counter("requests_total", "Requests received for the router.")
-        self.held = counter("held_total", "Requests held because the router had no pair.")
+        self.held = counter("held_total", "Requests held on arrival: the router had no pair.")
+        self.reheld = counter(
+            "rehold_total",
+            "Forwarded requests held again: the router answered 503 and its /readiness said no "
+            "pair (the last one left between two polls).",
+        )
         self.expired = counter("expired_total", "Held requests answered 503 after maxWait.")
-        self.forwarded = counter("forwarded_total", "Requests the router answered (any status).")
+        self.forwarded = counter(
+            "forwarded_total",
+            "Requests the router answered (any status); not the 503s after which one was re-held.",
+        )
         self.upstream_errors = counter(
             "upstream_errors_total",
             "Forwarded requests the router did not answer (502), or whose answer broke off.",
@@ -194,37 +209,60 @@ class Activator:
         arrived = self._wall_clock()
         self.activity.arrived(arrived)
         try:
-            ticket = self.queue.arrive(ready=self.ready, now_s=self._clock())
-            if ticket is None:
-                return await self._forward(request, await request.read(), None)
-            waiter = self._hold(ticket, arrived)
-            try:
-                body = await request.read()  # the body comes in while the request waits
-                outcome = await waiter
-            except BaseException:  # the client left (aiohttp cancels its handler), or its body
-                # broke off or was too large: out of the queue, and the next goes
-                self._off_queue(ticket)
-                raise
-            finally:
-                self._waiting.pop(ticket.seq, None)
-                self._held_since.pop(ticket.seq, None)
-            if outcome is Verdict.EXPIRE:
-                return self._answer(
-                    proxying.expired(
-                        service=self.settings.service,
-                        max_wait_s=self.settings.max_wait_s,
-                        retry_after_s=self.settings.retry_after_s,
-                    )
-                )
-            return await self._forward(request, body, functools.partial(self._off_queue, ticket))
+            ticket, now = self.queue.arrive(ready=self.ready, now_s=self._clock())
+            if now is Verdict.HOLD:
+                self._metrics.held.inc()
+            while True:
+                on_sent: Callable[[], None] | None = None
+                if now is Verdict.HOLD:
+                    if await self._wait_turn(request, ticket, arrived) is Verdict.EXPIRE:
+                        return self._answer(
+                            proxying.expired(
+                                service=self.settings.service,
+                                max_wait_s=self.settings.max_wait_s,
+                                retry_after_s=self.settings.retry_after_s,
+                            )
+                        )
+                    on_sent = functools.partial(self._off_queue, ticket)
+                upstream = await self._send(request, await request.read(), on_sent)
+                if isinstance(upstream, proxying.Answer):
+                    return self._answer(upstream)
+                try:
+                    if not await self._turned_away(request, upstream):
+                        self._metrics.forwarded.inc()
+                        return await self._stream(request, upstream)
+                finally:
+                    # Read to the end, the connection is back in the pool already and this does
+                    # nothing; otherwise (the client left, the stream broke, the 503 that is
+                    # dropped) it drops the connection, and the router aborts the request.
+                    upstream.close()
+                # Back in its place, and `_wait_turn` (no await before it) waits for its turn.
+                self.queue.rehold(ticket)
+                self._metrics.reheld.inc()
+                now = Verdict.HOLD
         finally:
             self.activity.finished(self._wall_clock())
+
+    async def _wait_turn(self, request: web.Request, ticket: Ticket, arrived: float) -> Verdict:
+        """Wait, held under `ticket`, for FORWARD (its turn) or EXPIRE (maxWait). The waiter is
+        in place before the first await: the dispatcher may release the ticket on its next turn.
+        The body comes in meanwhile (read once: aiohttp keeps it for a request sent again)."""
+        waiter = self._hold(ticket, arrived)
+        try:
+            await request.read()
+            return await waiter
+        except BaseException:  # the client left (aiohttp cancels its handler), or its body
+            # broke off or was too large: out of the queue, and the next goes
+            self._off_queue(ticket)
+            raise
+        finally:
+            self._waiting.pop(ticket.seq, None)
+            self._held_since.pop(ticket.seq, None)
 
     def _hold(self, ticket: Ticket, arrived: float) -> asyncio.Future[Verdict]:
         waiter: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
         self._waiting[ticket.seq] = waiter
         self._held_since[ticket.seq] = arrived
-        self._metrics.held.inc()
         if self.queue.held == 1:
             log.info("holding requests: the router at %s has no ready pair", self._upstream)
             self._poll_now.set()  # e.g. just started: the router may be ready already
@@ -236,14 +274,15 @@ class Activator:
         oldest = self.queue.oldest()
         return 0.0 if oldest is None else self._held_since.get(oldest.seq, 0.0)
 
-    async def _forward(
+    async def _send(
         self, request: web.Request, body: bytes, on_sent: Callable[[], None] | None
-    ) -> web.StreamResponse:
-        """Send the request on and stream the answer back as it comes (SSE: token by token).
-        `on_sent`: called once the request has its connection to the router (or failed)."""
+    ) -> aiohttp.ClientResponse | proxying.Answer:
+        """Send the request on: the router's response, its headers in and its body to be read,
+        or the 502 when it did not answer. `on_sent`: called once the request has its connection
+        to the router (or failed)."""
         url = URL(self._upstream + request.raw_path, encoded=True)
         try:
-            upstream = await self._require_session().request(
+            return await self._require_session().request(
                 request.method,
                 url,
                 headers=proxying.request_headers(request.headers.items()),
@@ -254,20 +293,24 @@ class Activator:
         except (aiohttp.ClientError, TimeoutError) as error:
             self._metrics.upstream_errors.inc()
             log.warning("%s %s: the router did not answer: %r", request.method, url.path, error)
-            return self._answer(
-                proxying.upstream_failed(upstream=self._upstream, error=_describe(error))
-            )
+            return proxying.upstream_failed(upstream=self._upstream, error=_describe(error))
         finally:
             if on_sent is not None:
                 on_sent()
-        self._metrics.forwarded.inc()
-        try:
-            return await self._stream(request, upstream)
-        finally:
-            # Read to the end, the connection is back in the pool already and this does
-            # nothing; otherwise (the client left, the stream broke) it drops the connection,
-            # and the router aborts the request.
-            upstream.close()
+
+    async def _turned_away(self, request: web.Request, upstream: aiohttp.ClientResponse) -> bool:
+        """Whether the router turned the request away for want of a pair: its 503, and a
+        /readiness asked at once says no. Nothing has gone to the client yet and the body is
+        in hand, so the request can wait for the pair and go again."""
+        if not proxying.recheck(upstream.status):
+            return False
+        ready = await self._probe()
+        self._note_ready(ready)
+        if not proxying.rehold(status=upstream.status, ready=ready):
+            return False
+        log.info("%s %s: the router answered %d and has no ready pair: held again",
+                 request.method, request.path, upstream.status)  # fmt: skip
+        return True
 
     async def _stream(
         self, request: web.Request, upstream: aiohttp.ClientResponse
@@ -335,8 +378,9 @@ class Activator:
             return
         on_way = self._on_way[ticket.seq] = asyncio.Event()
         waiter.set_result(Verdict.FORWARD)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(on_way.wait(), self.settings.release_step_s)
+        with contextlib.suppress(TimeoutError):  # asyncio.timeout: see _wait
+            async with asyncio.timeout(self.settings.release_step_s):
+                await on_way.wait()
         self._on_way.pop(ticket.seq, None)
         self.queue.sent(ticket)
 
@@ -361,7 +405,9 @@ class Activator:
             await self._poll_once()
 
     async def _poll_once(self) -> None:
-        ready = await self._probe()
+        self._note_ready(await self._probe())
+
+    def _note_ready(self, ready: bool) -> None:
         if ready != self.ready:
             log.info("the router at %s is %s", self._upstream, "ready" if ready else "not ready")
             self.ready = ready
@@ -403,9 +449,13 @@ def _describe(error: BaseException) -> str:
 
 
 async def _wait(event: asyncio.Event, within_s: float | None) -> None:
-    """Until `event` is set (then clear it: one wake-up per batch of kicks) or `within_s`."""
+    """Until `event` is set (then clear it: one wake-up per batch of kicks) or `within_s`.
+    `asyncio.timeout`, not `wait_for`: on Python 3.11 `wait_for` drops a cancel that comes in
+    the turn its awaitable finishes (the shutdown cancels the dispatcher as a cancelled held
+    request kicks it), and the loops that wait here would never stop."""
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), within_s)
+        async with asyncio.timeout(within_s):
+            await event.wait()
     event.clear()
 
 
