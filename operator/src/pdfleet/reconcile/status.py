@@ -296,24 +296,19 @@ def conditions(
     pools_settled = all(s["replicas"] == s["desired"] and not s["draining"] for s in roles.values())
     converged = rolling or rolled_out(isvc, observed)
     ready = pools_ready and router.status and writes == 0 and converged
-    if sleeping and router.reason != "ActivatorUnavailable":
-        # The router has no pair to be ready with; the activator answers for the service.
-        message = "asleep: both pools at zero; the activator holds the next request and wakes them"
-        ready_value = ConditionValue(READY, True, "Idle", message)
-        reconciling = ConditionValue(RECONCILING, True, "Progressing", _pools_message(roles))
-        if pools_settled:
-            reconciling = ConditionValue(RECONCILING, False, "Reconciled")
-        stalled_value = ConditionValue(STALLED, False, "Reconciled")
-        return [ready_value, reconciling, stalled_value, router, capacity,
-                ConditionValue(PODS_STUCK, False, "NoPodStuck"),
-                ConditionValue(SPEC_VALID, True, "Valid")]  # fmt: skip
+    # Asleep, the router has no pair to be ready with; the activator answers for the service.
+    idle = sleeping and router.reason != "ActivatorUnavailable"
+    ready = ready or idle
     stuck = _stuck_condition(pod_causes(observed.pods, None), network, not pools_ready)
     causes = pod_causes(observed.pods, network)
     stalled = _stalled_condition(isvc, observed.pods, causes, capacity, now)
     if rollout_stalled is not None:
         why = f": {stalled.message}" if stalled is not None else ""
         stalled = replace(rollout_stalled, message=rollout_stalled.message + why)
-    if ready:
+    if idle:
+        message = "asleep: both pools at zero; the activator holds the next request and wakes them"
+        ready_value = ConditionValue(READY, True, "Idle", message)
+    elif ready:
         ready_value = ConditionValue(READY, True, "Serving", _pools_message(roles))
     else:
         if stuck.status:
