@@ -281,6 +281,7 @@ async def test_metrics_and_healthz_are_the_activators_own(fleet: Fleet) -> None:
         "pdfleet_activator_rehold_total": 0,
         "pdfleet_activator_expired_total": 1,
         "pdfleet_activator_forwarded_total": 1,
+        "pdfleet_activator_refused_total": 0,
         "pdfleet_activator_upstream_errors_total": 0,
         "pdfleet_activator_requests_held": 0,
         "pdfleet_activator_oldest_held_timestamp_seconds": 0,
@@ -288,6 +289,37 @@ async def test_metrics_and_healthz_are_the_activators_own(fleet: Fleet) -> None:
         "pdfleet_activator_upstream_ready": 0,
         "pdfleet_activator_last_activity_timestamp_seconds": 1_700_000_000.0,
     }
+
+
+async def test_the_routers_admin_api_is_answered_404_and_never_held_or_forwarded(
+    fleet: Fleet,
+) -> None:
+    activator, url = await fleet.start_activator(
+        await fleet.start_router(), wall_clock=lambda: 1_700_000_000.0
+    )
+    async with aiohttp.ClientSession() as client:
+        admin = (("DELETE", "/workers/http%3A%2F%2F10.0.0.7%3A8000"),
+                 ("POST", "/remove_worker?url=x"), ("POST", "/flush_cache"))  # fmt: skip
+        for method, path in admin:
+            async with client.request(method, url + path) as r:
+                assert r.status == 404
+                assert "not served to clients" in (await r.json())["error"]["message"]
+        # a raw dot segment (aiohttp's client would resolve it before sending)
+        reader, writer = await asyncio.open_connection(*url[len("http://") :].split(":"))
+        writer.write(
+            b"POST /v1/%2e%2e/flush_cache HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n"
+        )
+        assert (await reader.readline()).startswith(b"HTTP/1.1 404")
+        writer.close()
+    # not held although the router has no pair: a probe of the admin API wakes nothing
+    assert activator.queue.held == 0 and fleet.router.seen == []
+    expect_values(
+        await metric_values(url),
+        refused_total=4,
+        requests_total=0,
+        held_total=0,
+        last_activity_timestamp_seconds=1_700_000_000.0,
+    )
 
 
 async def test_a_request_the_router_turns_away_as_its_last_pair_leaves_is_held_and_sent_again(

@@ -4,8 +4,9 @@ no answer, and what it answers by itself.
 Where it fits: pdfleet.activator.server copies requests to the router and answers back through
 `request_headers()` and `response_headers()`; it asks `recheck()` and `rehold()` whether the
 router's answer goes to the client or the request waits again for a pair; and it answers with
-`expired()` (a request held past maxWait) or `upstream_failed()` (the router could not be
-reached) when no answer of the router's can be passed on. The errors take the OpenAI shape that
+`expired()` (a request held past maxWait), `upstream_failed()` (the router could not be
+reached) or `not_client_path()` (the router's admin API, never forwarded) when no answer of the
+router's can be passed on. The errors take the OpenAI shape that
 vLLM and its clients read: `{"error": {"message", "type", "param", "code"}}`.
 """
 
@@ -105,6 +106,12 @@ def expired(*, service: str, max_wait_s: float, retry_after_s: float) -> Answer:
         f"{max_wait_s:g}s; retry later",
         ("Retry-After", str(max(1, math.ceil(retry_after_s)))),
     )
+
+
+def not_client_path(path: str) -> Answer:
+    """404 for a path that is not the client API (pdfleet.clientpaths): the router's admin
+    API shares its serving port, and the activator is the front clients reach it through."""
+    return _error(404, "not_found", f"pdfleet activator: {path} is not served to clients")
 
 
 def upstream_failed(*, upstream: str, error: str) -> Answer:

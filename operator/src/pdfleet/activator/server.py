@@ -18,7 +18,9 @@ the service: on each autoscaler pass it reads every activator pod's `/metrics`, 
 `pdfleet_activator_requests_held` > 0 is a wake; `_requests_in_flight` 0 with
 `_last_activity_timestamp_seconds` older than idleAfter is idleness.
 
-`/healthz` and `/metrics` are the activator's own paths; every other one is the router's.
+`/healthz` and `/metrics` are the activator's own paths; the client API (pdfleet.clientpaths:
+`/v1/*` and the router's probes) is the router's, and anything else, the router's admin API
+above all, is answered 404 here and never forwarded.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from yarl import URL
 
 from pdfleet.activator import proxying
 from pdfleet.activator.hold import Activity, HoldQueue, Ticket, Verdict
+from pdfleet.clientpaths import is_client_path
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +95,11 @@ class _Metrics:
         self.forwarded = counter(
             "forwarded_total",
             "Requests the router answered (any status); not the 503s after which one was re-held.",
+        )
+        self.refused = counter(
+            "refused_total",
+            "Requests for a path that is not the client API (the router's admin API), "
+            "answered 404 and never forwarded.",
         )
         self.upstream_errors = counter(
             "upstream_errors_total",
@@ -205,6 +213,11 @@ class Activator:
     # Every other path: the router's.
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
+        if not is_client_path(request.raw_path):
+            # before any count or hold: a probe of the admin API neither wakes the service
+            # nor keeps it awake
+            self._metrics.refused.inc()
+            return self._answer(proxying.not_client_path(request.path))
         self._metrics.requests.inc()
         arrived = self._wall_clock()
         self.activity.arrived(arrived)

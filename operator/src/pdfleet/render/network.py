@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdfleet import labels
+from pdfleet import clientpaths, labels
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.render.common import (
     Manifest,
@@ -27,10 +27,6 @@ from pdfleet.render.common import (
     metadata,
     selector_labels,
 )
-
-# What clients may send through the front: the OpenAI API, and the router's probes.
-CLIENT_PATH_PREFIXES = ("/v1/",)
-CLIENT_EXACT_PATHS = ("/liveness", "/readiness")
 
 
 def _tcp(*ports: int | str) -> list[dict[str, Any]]:
@@ -130,9 +126,9 @@ def http_route(isvc: InferenceService, gateway_namespace: str, gateway: str) -> 
     Any other path (the admin API above all) matches no rule, and a Gateway answers 404 for a
     request that matches no rule of any route."""
     matches: list[dict[str, Any]] = [
-        {"path": {"type": "PathPrefix", "value": prefix}} for prefix in CLIENT_PATH_PREFIXES
+        {"path": {"type": "PathPrefix", "value": prefix}} for prefix in clientpaths.PATH_PREFIXES
     ]
-    matches += [{"path": {"type": "Exact", "value": path}} for path in CLIENT_EXACT_PATHS]
+    matches += [{"path": {"type": "Exact", "value": path}} for path in clientpaths.EXACT_PATHS]
     front = client_front(isvc)
     backend = {"name": child_name(isvc, front), "port": isvc.spec.router.port}
     meta = metadata(isvc, child_name(isvc, front), front)
