@@ -181,6 +181,20 @@ def window_fronts(
     return fronts
 
 
+def first_window_at(fronts: Fronts, initial: SplitResult) -> Fronts:
+    """`fronts` with the first window's options cut to the initial split, `initial` being
+    that window replayed on it.
+
+    The plan over these is the bound for a fleet that starts where the policy starts: a
+    replica asked for in the first window is ready a start-up later, and a policy learns of
+    the load only from a window of metrics, so most of the first window runs on the initial
+    split whatever it decides. Its distance from the bound is what no policy starting there
+    can win back; that what is left of a workload's misses is reachable from the initial
+    split at all is what it shows."""
+    (start, part, _), *rest = fronts
+    return [(start, part, [initial]), *rest]
+
+
 def clairvoyant(
     wl: Workload,
     cfg: SimConfig,

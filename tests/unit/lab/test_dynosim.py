@@ -317,6 +317,7 @@ def test_result_rows() -> None:
         "runs": {"pdfleet": run, "pdfleet-learned": failed},
         "cheapest_fixed": {"prefill": 3, "decode": 1, "attainment": 0.97, "gpu_hours": 4.0},
         "clairvoyant": {"attainment": 0.95, "gpu_hours": 1.6},
+        "clairvoyant_from_initial": {"attainment": 0.951, "gpu_hours": 2.0},
     }
     assert results.ratios(run, results.references(result)) == {
         "vs_cheapest_fixed": 0.5,
@@ -326,4 +327,12 @@ def test_result_rows() -> None:
     assert "| W9 | pdfleet (capacity hint) | 96.00% | 2.00 | 0.500 | 1.250 | 1 (3 events) |" in text
     assert "| W9 | pdfleet (no hint) | failed: killed |" in text
     assert "| W9 | cheapest fixed 3P1D | 97.00% | 4.00 | 1.000 | 2.500 | 0 |" in text
+    assert (
+        "| W9 | clairvoyant (5 min windows, no start-up) | 95.00% | 1.60 | 0.400 | 1.000 | |"
+        in text
+    )
+    assert (
+        "| W9 | clairvoyant, first window at the initial split | 95.10% | 2.00 | 0.500 | 1.250 | |"
+        in text
+    )
     assert results.attainment({}, 100) == 0.0

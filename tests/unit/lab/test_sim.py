@@ -13,7 +13,7 @@ from pdfleet.autoscale.metrics import PrometheusSource
 from pdfleet.autoscale.policy import MetricsWindow, RoleReplicas
 from pdfleet_lab import traces
 from pdfleet_lab.bench import RunSummary, at_equal_cost, count_flaps
-from pdfleet_lab.oracle import cheapest_plan
+from pdfleet_lab.oracle import Fronts, SplitResult, cheapest_plan, clairvoyant, first_window_at
 from pdfleet_lab.sim import SimConfig, fixed, simulate
 from pdfleet_worker.perfmodel import preset
 
@@ -187,3 +187,27 @@ def test_the_benchmark_reads_each_window_through_the_operators_metrics_source(
     assert len(served) == len(received) - 6  # both roles answer once a window has two scrapes
     # Served prompt tokens: 1000 every 0.25 s, as the prefill engine counts them.
     assert all(m.prefill and 3000 < m.prefill.prompt_tokens_rate < 5000 for m in served)
+
+
+def test_a_bound_whose_first_window_runs_the_initial_split_makes_up_for_it_later() -> None:
+    """Two 300 s windows of 100 requests each. Free, the bound buys 2P1D for the burst in
+    the first and 1P1D after (95 %); held at 1P1D through the first (60 % there), no plan
+    reaches 95 %, and the one that comes closest takes 3P1D for the second."""
+    wl = traces.Workload("w", tuple(float(t) for t in range(0, 600, 3)), (1,) * 200, (2,) * 200)
+    first, second = wl.window(0, 300), wl.window(300, 600)
+
+    def split(p: int, att: float) -> SplitResult:
+        return SplitResult(p, 1, att, 0.0, 100)
+
+    fronts: Fronts = [
+        (0.0, first, [split(1, 0.60), split(2, 0.97)]),
+        (300.0, second, [split(1, 0.93), split(2, 0.96), split(3, 1.0)]),
+    ]
+    free = clairvoyant(wl, CFG, 1.0, 1.0, 8, 0.95, fronts=fronts)
+    held = clairvoyant(wl, CFG, 1.0, 1.0, 8, 0.95, fronts=first_window_at(fronts, split(1, 0.6)))
+    assert [(p, d) for _, p, d, _ in free.plan] == [(2, 1), (1, 1)]
+    assert free.attainment == pytest.approx(0.95)
+    # 60 + 100 = 160 of 200 good: 80 %, the most any plan starting at 1P1D reaches
+    assert [(p, d) for _, p, d, _ in held.plan] == [(1, 1), (3, 1)]
+    assert held.attainment == pytest.approx(0.80)
+    assert held.gpu_hours > free.gpu_hours

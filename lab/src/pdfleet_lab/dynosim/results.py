@@ -22,6 +22,10 @@ RUN_LABELS = {
     "pdfleet": "pdfleet (capacity hint)",
     "pdfleet-learned": "pdfleet (no hint)",
 }
+BOUND_LABELS = {
+    "clairvoyant": "clairvoyant (5 min windows, no start-up)",
+    "clairvoyant_from_initial": "clairvoyant, first window at the initial split",
+}
 
 
 def attainment(report: Mapping[str, Any], requests: int) -> float:
@@ -76,38 +80,36 @@ def _num(x: float | None, fmt: str = ".2f") -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
 
+def _row(name: str, label: str, run: Mapping[str, Any], refs: Mapping[str, float | None],
+         flaps: str) -> str:  # fmt: skip
+    ra = ratios(run, refs)
+    return (
+        f"| {name} | {label} | {_pct(run['attainment'])} | {_num(run['gpu_hours'])} | "
+        f"{_num(ra.get('vs_cheapest_fixed'), '.3f')} | {_num(ra.get('vs_clairvoyant'), '.3f')} "
+        f"|{f' {flaps}' if flaps else ''} |"
+    )
+
+
 def rows(result: Mapping[str, Any]) -> list[str]:
     """The workload's lines of the results table."""
-    name = result["workload"]
+    name, refs = result["workload"], references(result)
     out = []
     for key, run in result["runs"].items():
         label = RUN_LABELS.get(key, key)
         if "failed" in run:
             out.append(f"| {name} | {label} | failed: {run['failed']} | | | | |")
             continue
-        ra = ratios(run, references(result))
-        out.append(
-            f"| {name} | {label} | {_pct(run['attainment'])} | {_num(run['gpu_hours'])} | "
-            f"{_num(ra.get('vs_cheapest_fixed'), '.3f')} | {_num(ra.get('vs_clairvoyant'), '.3f')} "
-            f"| {run['flaps']} ({run['scale_events']} events) |"
-        )
+        out.append(_row(name, label, run, refs, f"{run['flaps']} ({run['scale_events']} events)"))
     cf = result.get("cheapest_fixed")
     if cf:
-        ra = ratios(cf, references(result))
-        out.append(
-            f"| {name} | cheapest fixed {cf['prefill']}P{cf['decode']}D | "
-            f"{_pct(cf['attainment'])} | {_num(cf['gpu_hours'])} | 1.000 | "
-            f"{_num(ra.get('vs_clairvoyant'), '.3f')} | 0 |"
-        )
+        out.append(_row(name, f"cheapest fixed {cf['prefill']}P{cf['decode']}D", cf, refs, "0"))
     else:
         out.append(f"| {name} | cheapest fixed | none reached the target | | | | |")
-    cv = result.get("clairvoyant")
-    if cv:
-        ra = ratios(cv, references(result))
-        out.append(
-            f"| {name} | clairvoyant (5 min windows, no start-up) | {_pct(cv['attainment'])} | "
-            f"{_num(cv['gpu_hours'])} | {_num(ra.get('vs_cheapest_fixed'), '.3f')} | 1.000 | |"
-        )
+    out += [
+        _row(name, label, result[key], refs, "")
+        for key, label in BOUND_LABELS.items()
+        if result.get(key)
+    ]
     return out
 
 
