@@ -22,8 +22,8 @@ E2E_TESTS := tests/e2e/bridge tests/e2e/observability tests/e2e/rollout
 SCENARIO_TESTS := tests/e2e/autoscale tests/e2e/scale_to_zero tests/e2e/faults
 DRAIN_TESTS := tests/e2e/drain
 # Real vLLM (its CPU build, e2e/platform/engine.sh) in the local cluster: P/D over NIXL, the
-# preflight, the autoscaler's signals, a scale-down under load, and the simulator held to the
-# engine. Three engines of ~4 GB each; about 7 minutes with the engines' start.
+# preflight, the autoscaler's signals, a scale-down under load, the simulator held to the
+# engine, and a wake from zero. Three engines of ~4 GB each; about 13 minutes with their starts.
 ENGINE_TESTS := tests/e2e/engine
 # The images' Python environments resolved from PyPI (outside the network namespace).
 IMAGE_TESTS := tests/integration/image
@@ -157,7 +157,7 @@ test-image: $(STAMP) engine ## The worker image's Python environment, resolved f
 	$(PYTEST) $(IMAGE_TESTS)
 
 # Last in `make test`: three CPU engines need the machine's cores to themselves.
-test-engine: test-image toolchain ## Real vLLM on the local cluster (~7 min), after test-image.
+test-engine: test-image toolchain ## Real vLLM on the local cluster (~13 min), after test-image.
 	$(NETNS) $(PYTEST) $(ENGINE_TESTS)
 
 test: verify test-integration test-e2e test-scenarios test-drain test-image test-engine ## Everything CI runs.
