@@ -181,6 +181,12 @@ def window_fronts(
     return fronts
 
 
+def _cheapest_reaching(front: list[SplitResult], target: float) -> int:
+    """Index of the cheapest option of a front (ordered by cost, rising attainment) that
+    reaches `target`; its last, the best, where none does."""
+    return next((i for i, r in enumerate(front) if r.attainment >= target), len(front) - 1)
+
+
 def first_window_at(fronts: Fronts, initial: SplitResult) -> Fronts:
     """`fronts` with the first window's options cut to the initial split, `initial` being
     that window replayed on it.
@@ -205,22 +211,32 @@ def clairvoyant(
     window_s: float = 300.0,
     startup_s: float = 0.0,
     fronts: Fronts | None = None,
+    every_window: bool = False,
 ) -> Clairvoyant:
-    """The bound (`startup_s` 0) or the same plan with start-up paid (module docstring)."""
+    """The bound (`startup_s` 0) or the same plan with start-up paid (module docstring).
+
+    With `every_window`, each window must reach `target` itself (the cheapest split that
+    does, or its best where none does): the bound for a policy that holds its SLO in every
+    window, as an operator's autoscaler does. The plain bound may trade one window's misses
+    for another's, e.g. run a split that misses a tenth of its requests for half an hour and
+    make up for it later, which no policy that follows its latency target would choose."""
     if fronts is None:
         fronts = window_fronts(wl, cfg, ttft_slo, itl_slo, budget, window_s)
     total = sum(len(part) for _, part, _ in fronts)
     span = [min(window_s, max(wl.duration_s - start, 0.0)) for start, _, _ in fronts]
     gpus = [[_gpus(r, cfg) for r in front] for _, _, front in fronts]
-    choice = cheapest_plan(
-        [
-            [(s * g, _good(r)) for g, r in zip(gs, front, strict=True)]
-            for s, gs, (_, _, front) in zip(span, gpus, fronts, strict=True)
-        ],
-        target * total,
-        gpus,
-        startup_s,
-    )
+    if every_window:
+        choice = [_cheapest_reaching(front, target) for _, _, front in fronts]
+    else:
+        choice = cheapest_plan(
+            [
+                [(s * g, _good(r)) for g, r in zip(gs, front, strict=True)]
+                for s, gs, (_, _, front) in zip(span, gpus, fronts, strict=True)
+            ],
+            target * total,
+            gpus,
+            startup_s,
+        )
     picked = [gs[c] for gs, c in zip(gpus, choice, strict=True)]
     gpu_s = sum(s * g for s, g in zip(span, picked, strict=True))
     gpu_s += startup_s * sum(max(0, b - a) for a, b in pairwise(picked))

@@ -189,7 +189,7 @@ def test_the_benchmark_reads_each_window_through_the_operators_metrics_source(
     assert all(m.prefill and 3000 < m.prefill.prompt_tokens_rate < 5000 for m in served)
 
 
-def test_a_bound_whose_first_window_runs_the_initial_split_makes_up_for_it_later() -> None:
+def test_the_bound_from_the_initial_split_and_with_every_window_at_the_target() -> None:
     """Two 300 s windows of 100 requests each. Free, the bound buys 2P1D for the burst in
     the first and 1P1D after (95 %); held at 1P1D through the first (60 % there), no plan
     reaches 95 %, and the one that comes closest takes 3P1D for the second."""
@@ -211,3 +211,8 @@ def test_a_bound_whose_first_window_runs_the_initial_split_makes_up_for_it_later
     assert [(p, d) for _, p, d, _ in held.plan] == [(1, 1), (3, 1)]
     assert held.attainment == pytest.approx(0.80)
     assert held.gpu_hours > free.gpu_hours
+    # Every window at 95 % itself: no window's misses paid for by another's.
+    each = clairvoyant(wl, CFG, 1.0, 1.0, 8, 0.95, fronts=fronts, every_window=True)
+    assert [(p, d) for _, p, d, _ in each.plan] == [(2, 1), (2, 1)]
+    assert each.attainment == pytest.approx(0.965)
+    assert each.gpu_hours > free.gpu_hours

@@ -400,6 +400,7 @@ def bench_workload(
         # one more replay at most: the initial split is usually on the first window's front
         first = run(windows[0][1], *s.initial)
         from_initial = bound(fronts=oracle.first_window_at(fronts, first))
+        every_window = bound(fronts=fronts, every_window=True)
         out: dict[str, Any] = {
             "workload": wl.name,
             "requests": len(wl),
@@ -413,6 +414,7 @@ def bench_workload(
             "cheapest_fixed": asdict(cheapest) if cheapest else None,
             "clairvoyant": _bound_json(cv),
             "clairvoyant_from_initial": _bound_json(from_initial),
+            "clairvoyant_every_window": _bound_json(every_window),
             "split_runs": split_log,
         }
         out["ratios"] = {
