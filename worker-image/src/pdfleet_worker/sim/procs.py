@@ -107,34 +107,45 @@ def start_sim(
     extra: Sequence[str] = (),
     timeout_s: float = 15.0,
     name: str = "sim",
+    attempts: int = 3,
 ) -> SimProc:
-    """A `pdfleet-sim` on 127.0.0.1 with free API and side-channel ports, ready to serve."""
-    port, side = free_port(), free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "pdfleet_worker.sim.server",
-        model,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--side-channel-host",
-        "127.0.0.1",
-        "--side-channel-port",
-        str(side),
-        *extra,
-    ]
-    p = SimProc(
-        argv, os.path.join(log_dir, f"{name}-{port}.log"), port=port, side_channel_port=side
-    )
-    p.start()
-    try:
-        wait_http(f"{p.url}/health", timeout_s, p.popen)
-    except BaseException:
-        p.stop()
-        raise
-    return p
+    """A `pdfleet-sim` on 127.0.0.1 with free API and side-channel ports, ready to serve.
+
+    A port `free_port` found free can be taken before the simulator binds it (any outgoing
+    connection may get it as its local port); that start is retried on fresh ports."""
+    for attempt in range(1, attempts + 1):
+        port, side = free_port(), free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "pdfleet_worker.sim.server",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--side-channel-host",
+            "127.0.0.1",
+            "--side-channel-port",
+            str(side),
+            *extra,
+        ]
+        p = SimProc(
+            argv, os.path.join(log_dir, f"{name}-{port}.log"), port=port, side_channel_port=side
+        )
+        p.start()
+        try:
+            wait_http(f"{p.url}/health", timeout_s, p.popen)
+        except RuntimeError:
+            p.stop()
+            if attempt < attempts and "address already in use" in p.log():
+                continue
+            raise
+        except BaseException:
+            p.stop()
+            raise
+        return p
+    raise AssertionError("unreachable")
 
 
 def router_binary() -> str:
