@@ -136,16 +136,13 @@ def start_sim(
         p.start()
         try:
             wait_http(f"{p.url}/health", timeout_s, p.popen)
-        except RuntimeError:
+            return p
+        except BaseException as error:
             p.stop()
-            if attempt < attempts and "address already in use" in p.log():
-                continue
-            raise
-        except BaseException:
-            p.stop()
-            raise
-        return p
-    raise AssertionError("unreachable")
+            taken = isinstance(error, RuntimeError) and "address already in use" in p.log()
+            if not (taken and attempt < attempts):
+                raise
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def router_binary() -> str:
