@@ -92,7 +92,7 @@ class Clairvoyant:
     plan: tuple[tuple[float, int, int, float], ...]  # (window start, P, D, window attainment)
 
 
-def _hull(options: list[SplitResult]) -> list[SplitResult]:
+def hull(options: list[SplitResult]) -> list[SplitResult]:
     """Options by cost where each step up buys attainment (lower-left Pareto front)."""
     front: list[SplitResult] = []
     for r in sorted(options, key=lambda r: (r.prefill + r.decode, -r.attainment)):
@@ -176,7 +176,7 @@ def window_fronts(
     while t <= wl.duration_s:
         part = wl.window(t, t + window_s)
         if len(part):
-            fronts.append((t, part, _hull(staircase(part, run, budget))))
+            fronts.append((t, part, hull(staircase(part, run, budget))))
         t += window_s
     return fronts
 

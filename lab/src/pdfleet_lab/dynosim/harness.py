@@ -297,15 +297,6 @@ def split_runner(
     return run
 
 
-def _hull(options: list[oracle.SplitResult]) -> list[oracle.SplitResult]:
-    """Cost/attainment front (as oracle's): each step up in GPUs buys attainment."""
-    front: list[oracle.SplitResult] = []
-    for r in sorted(options, key=lambda r: (r.prefill + r.decode, -r.attainment)):
-        if not front or r.attainment > front[-1].attainment:
-            front.append(r)
-    return front
-
-
 class Queue:
     """Jobs of all workloads, started in priority order (the policy runs first, then the
     fixed splits, then the clairvoyant windows), so a cut-short run still has the rows that
@@ -392,7 +383,7 @@ def bench_workload(
     def collect() -> dict[str, Any]:
         splits = fixed_fut.result()
         cheapest = oracle.cheapest_reaching(splits, bench.TARGET)
-        fronts: oracle.Fronts = [(t, part, _hull(f.result())) for t, part, f in window_futs]
+        fronts: oracle.Fronts = [(t, part, oracle.hull(f.result())) for t, part, f in window_futs]
         bound = partial(
             oracle.clairvoyant, wl, replace(sim, startup_s=0.0), ttft, itl, s.budget, bench.TARGET
         )
