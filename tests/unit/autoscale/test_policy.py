@@ -118,16 +118,6 @@ def test_nan_quantile_without_traffic_is_not_missing() -> None:
             (1, 1),
             (1, 1),
         ),
-        # the same load with the ITL at the target's edge (over the scale-down share of it):
-        # the latency no longer says there is room, and a pool that grows only once the
-        # target breaks is a start-up late; the load that held sizes it, 25k / (25k x 0.95)
-        (
-            "decode at the edge of its target grows",
-            role(prompt=20_000),
-            role(gen=25_000, itl=0.0145),
-            (1, 1),
-            (1, 2),
-        ),
         # the same load breaking the ITL target: sized on the prior, 25k / (10k x 0.95)
         (
             "decode over target grows",

@@ -860,14 +860,13 @@ def decide(
         if (
             r == "decode"
             and n > fleet[r].current
-            and views[r].latency <= config.scale_down_latency_fraction * views[r].target
+            and views[r].latency <= views[r].target
             and cap.fitted(learned.decode, views[r].target) is None
         ):
-            # ITL rises smoothly with the batch: with room under the target and no fitted
-            # curve yet, the observed latency outranks a prior (or the load just seen) that
-            # says it is full; an ITL at the target's edge says it is, a start-up too late
+            # ITL rises smoothly with the batch: under target with no fitted curve yet, the
+            # observed latency outranks a prior (or the load just seen) that says it is full
             n = fleet[r].current
-            why += "; ITL well under target, no fit yet: holding"
+            why += "; ITL under target, no fit yet: holding"
         if (
             r == "prefill"
             and n > fleet[r].current
