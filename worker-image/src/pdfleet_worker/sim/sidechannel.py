@@ -139,6 +139,13 @@ def _url(host: str, port: int, path: str) -> str:
     return f"http://{h}:{port}{path}"
 
 
+# The data planes are uvicorn servers, which close a connection after 5 s idle (uvicorn's
+# timeout_keep_alive); httpx keeps idle connections 5 s too, so a read could go out on a
+# connection the server was closing and fail with ReadError, a lost request under `fail`.
+# The puller lets idle connections go well before the server does.
+_IDLE_CONNECTION_S = 2.0
+
+
 class HttpKvPuller:
     """The decode side: handshakes once per remote engine id (as vLLM keys its remote
     agents), then reads, notifies and heartbeats on that engine's data plane. A refused
@@ -153,7 +160,11 @@ class HttpKvPuller:
         transport: httpx.AsyncBaseTransport | None = None,
         compat_hash: str | None = None,
     ) -> None:
-        self._client = httpx.AsyncClient(timeout=timeout_s, transport=transport)
+        self._client = httpx.AsyncClient(
+            timeout=timeout_s,
+            transport=transport,
+            limits=httpx.Limits(keepalive_expiry=_IDLE_CONNECTION_S),
+        )
         self.agents: dict[str, str] = {}  # remote engine id -> its data plane's base URL
         self.compat_hash = compat_hash
 
