@@ -370,6 +370,7 @@ class InFlight:
                      "stream_options": {"include_usage": True}}  # fmt: skip
         self.url, self.timeout_s = url, timeout_s
         self.outcome: dict[str, Any] = {}
+        self._streaming = threading.Event()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -378,8 +379,10 @@ class InFlight:
         return "status" in self.outcome
 
     def seen(self) -> bool:
-        """Running on the engine, or already over."""
-        return self.ended or _running(self.url) > 0
+        """Running on the engine (its first token came back), or already over. The token,
+        not the engine's running gauge: on a loaded machine a poll of /metrics can take
+        longer than a whole stream, so a stream may end before any poll saw it."""
+        return self.ended or self._streaming.is_set()
 
     def result(self, wait_s: float) -> dict[str, Any]:
         self._reader.join(wait_s)
@@ -391,7 +394,11 @@ class InFlight:
                 httpx.Client(timeout=2 * self.timeout_s) as http,
                 http.stream("POST", f"{self.url}/v1/completions", json=self.body) as resp,
             ):
-                lines = [line for line in resp.iter_lines() if line.startswith("data: ")]
+                lines = []
+                for line in resp.iter_lines():
+                    if line.startswith("data: "):
+                        lines.append(line)
+                        self._streaming.set()
         except httpx.HTTPError as err:
             self.outcome["status"] = f"cut: {type(err).__name__}"
             return
@@ -440,10 +447,6 @@ def _status(
         return f"no answer: {type(err).__name__}"
     said = f" {SHUTDOWN}" if SHUTDOWN in resp.text else ""
     return f"{resp.status_code}{said}"
-
-
-def _running(url: str) -> float:
-    return sample_sum(httpx.get(f"{url}/metrics", timeout=5).text, "vllm:num_requests_running")
 
 
 def _queue_counts(url: str) -> dict[str, float]:
