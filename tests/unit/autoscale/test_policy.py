@@ -572,6 +572,28 @@ def test_prefill_without_prior_grows_on_its_queue_fit_only_once_prompts_queue() 
     assert _run_windows(NO_PRIOR, windows, (1, 1))[-1].prefill == 2
 
 
+@pytest.mark.parametrize(
+    ("name", "waiting", "growth", "want"),
+    [
+        # 13 prompts of 2,000 tokens queued and one more a second than the 30k served: a
+        # prompt arriving when a replica asked for now is ready waits ~10 s, over the 1 s
+        # target the latency (0.4 s) is still under
+        ("a queue that breaks the target in a start-up", 12.8, 1.0, 2),
+        # a prompt or two queued and a trickle more: ~0.5 s ahead, within the target
+        ("noise in the queue", 1.4, 0.05, 1),
+        # the same queue being worked off
+        ("a queue shrinking", 12.8, -1.0, 1),
+    ],
+)
+def test_prefill_without_capacity_grows_on_a_queue_that_breaks_the_target_a_start_up_ahead(
+    name: str, waiting: float, growth: float, want: int
+) -> None:
+    m = role(prompt=30_000, ttft=0.4, rate=15, waiting=waiting)
+    d = decide(NO_PRIOR, NOW, rr(1), rr(1), window(replace(m, waiting_growth=growth)))
+    assert d.prefill == want, (name, d.reasons)
+    assert ("queue growing" in d.reasons[0]) == (want > 1), (name, d.reasons)
+
+
 def test_prefill_without_prior_grows_on_violation_then_sizes_on_the_bracket() -> None:
     history = _run_windows(
         NO_PRIOR, [role(prompt=20_000, ttft=0.1)] * 3 + [role(prompt=40_000, ttft=3.0)], (1, 1)

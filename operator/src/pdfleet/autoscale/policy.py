@@ -21,7 +21,9 @@ has the details and the reasons:
    applied after stabilization so that it decays with its own half-life).
 6. Feedback: a violating role never shrinks and gets at least one more replica than it has
    ready (replicas still starting count as that one), unless its queue is shrinking (a
-   backlog being worked off); Pending pods are never capacity.
+   backlog being worked off). Without a capacity estimate, a queue growing so that a prompt
+   arriving a start-up from now would wait past the target is feedback as well. Pending
+   pods are never capacity.
 7. Stabilize like the HPA, and never reverse a role's direction inside the scale-down
    stabilization window (a role that grew does not shrink; one that shrank grows back only
    on a violated target); bound each step. A role does not shrink while its demand is
@@ -275,6 +277,15 @@ class _RoleView:
     def fit_latency(self) -> float:
         return self.latency if self.learned_latency is None else self.learned_latency
 
+    def queue_wait_ahead(self, ahead_s: float) -> float:
+        """How long a prompt arriving `ahead_s` from now would wait behind the queue, if the
+        queue kept growing as in the window and the pool kept serving as now (0 when the
+        queue is not growing or nothing is served)."""
+        served = self.demand - self.queued
+        if self.queued <= 0 or served <= 0:
+            return 0.0
+        return (self.waiting * self.mean_prompt + self.queued * ahead_s) / served
+
 
 def _finite(*values: float) -> bool:
     return all(math.isfinite(v) for v in values)
@@ -525,6 +536,13 @@ def recommend(
         # replica seen holding the target (`down_limit`) says suffices, else -1 when far below.
         if violating:
             return max(current, ready + 1), f"{role}: over target, capacity unknown"
+        wait = view.queue_wait_ahead(config.startup_s + config.interval_s)
+        if view.latency + wait > view.target:
+            # a queue growing past what the pool serves breaks the target before a replica
+            # asked for later could be ready (nothing else says so without a capacity)
+            return max(current, ready + 1), (
+                f"{role}: queue growing, {wait:.1f}s wait in a start-up, capacity unknown"
+            )
         if down_limit is not None and view.waiting == 0:
             n = min(current, max(1, replicas_for(view.peak, down_limit)))
             return n, f"{role}: capacity unknown, {down_limit:.0f}/s per replica has held -> {n}"
