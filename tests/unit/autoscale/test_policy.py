@@ -561,13 +561,17 @@ def test_prefill_without_prior_does_not_grow_on_light_load() -> None:
 
 def test_prefill_without_prior_grows_on_its_queue_fit_only_once_prompts_queue() -> None:
     # TTFT creeps up with the load, far under the 1 s target: the queue fit through those
-    # windows says one replica is full at 26k, an extrapolation; the pool holds until the
-    # queue grows (2 requests/s of 2,000 tokens: 30k arrive where 26k are served)
+    # windows says one replica is full at 26k, an extrapolation; the pool holds while the
+    # queue would not break the target a start-up ahead (a trickle of 0.03 requests/s more
+    # than are served: ~0.3 s of wait) and grows once it would (2 requests/s of 2,000
+    # tokens: 30k arrive where 26k are served)
     steps = ((5e3, 0.1), (10e3, 0.15), (15e3, 0.25), (20e3, 0.4), (26e3, 0.45))
     windows = [role(prompt=p, ttft=t, rate=p / 2000) for p, t in steps]
-    history = _run_windows(NO_PRIOR, windows, (1, 1))
-    assert [h.prefill for h in history] == [1] * 5, history[-1].reasons
-    assert "nothing queuing: holding" in history[-1].reasons[0]
+    for growth in (math.nan, 0.03):
+        windows[-1] = replace(windows[-1], waiting_growth=growth)
+        history = _run_windows(NO_PRIOR, windows, (1, 1))
+        assert [h.prefill for h in history] == [1] * 5, history[-1].reasons
+        assert "queue within it: holding" in history[-1].reasons[0]
     windows[-1] = replace(windows[-1], waiting_growth=2.0)
     assert _run_windows(NO_PRIOR, windows, (1, 1))[-1].prefill == 2
 

@@ -890,12 +890,13 @@ def decide(
             and n > fleet[r].current
             and not cap.bracket_bounded(learned.prefill_bracket, config.prefill_capacity_prior)
             and views[r].latency < 0.5 * views[r].target
-            and views[r].queued <= 0
+            and views[r].latency + views[r].queue_wait_ahead(config.startup_s + config.interval_s)
+            <= views[r].target
         ):
             # only the queue fit says it is full: a line through a few windows far under the
-            # target is an extrapolation, and nothing queues yet
+            # target is an extrapolation, and the queue does not break the target either
             n = fleet[r].current
-            why += "; TTFT far under target, nothing queuing: holding"
+            why += "; TTFT far under target, queue within it: holding"
         if fleet[r].pending > 0 and n > fleet[r].current:
             # the cluster cannot place the pods asked for already; more would wait too
             n = fleet[r].current
