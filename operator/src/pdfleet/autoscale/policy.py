@@ -133,6 +133,12 @@ class PolicyConfig:
     def prior(self, role: Role) -> float | None:
         return self.prefill_capacity_prior if role == "prefill" else self.decode_capacity_prior
 
+    @property
+    def lookahead_s(self) -> float:
+        """How far ahead a decision plans: a replica asked for now serves from one start-up
+        on, and the next decision comes one interval later."""
+        return self.startup_s + self.interval_s
+
 
 @dataclass(frozen=True)
 class RoleReplicas:
@@ -285,6 +291,10 @@ class _RoleView:
         if self.queued <= 0 or served <= 0:
             return 0.0
         return (self.waiting * self.mean_prompt + self.queued * ahead_s) / served
+
+    def queue_breaks_target(self, ahead_s: float) -> bool:
+        """Whether that wait on top of today's latency is past the target."""
+        return self.latency + self.queue_wait_ahead(ahead_s) > self.target
 
 
 def _finite(*values: float) -> bool:
@@ -487,7 +497,7 @@ def forecast(
     the ready replicas until those already starting are ready, then over all of them),
     worked off within `backlog_drain_s`.
     """
-    lookahead = config.startup_s + config.interval_s
+    lookahead = config.lookahead_s
     # a trend is extrapolated, so it may add at most _MAX_TREND of the load (a cold start's
     # ramp would otherwise double the forecast)
     load = view.peak + min(slope * lookahead, _MAX_TREND * view.peak)
@@ -536,10 +546,10 @@ def recommend(
         # replica seen holding the target (`down_limit`) says suffices, else -1 when far below.
         if violating:
             return max(current, ready + 1), f"{role}: over target, capacity unknown"
-        wait = view.queue_wait_ahead(config.startup_s + config.interval_s)
-        if view.latency + wait > view.target:
+        if view.queue_breaks_target(config.lookahead_s):
             # a queue growing past what the pool serves breaks the target before a replica
             # asked for later could be ready (nothing else says so without a capacity)
+            wait = view.queue_wait_ahead(config.lookahead_s)
             return max(current, ready + 1), (
                 f"{role}: queue growing, {wait:.1f}s wait in a start-up, capacity unknown"
             )
@@ -890,8 +900,7 @@ def decide(
             and n > fleet[r].current
             and not cap.bracket_bounded(learned.prefill_bracket, config.prefill_capacity_prior)
             and views[r].latency < 0.5 * views[r].target
-            and views[r].latency + views[r].queue_wait_ahead(config.startup_s + config.interval_s)
-            <= views[r].target
+            and not views[r].queue_breaks_target(config.lookahead_s)
         ):
             # only the queue fit says it is full: a line through a few windows far under the
             # target is an extrapolation, and the queue does not break the target either
