@@ -59,6 +59,7 @@ BENCH_AUTOSCALE_ARGS ?= W1 W2 W3 S1
 # (lab/dynosim/setup.sh); its timing table is built there too, on first use.
 DYNOSIM_SETUP := lab/dynosim/setup.sh
 BENCH_DYNOSIM_ARGS ?= W1 W2 W3
+BENCH_HELDOUT_ARGS ?= H1 H2 H3 H4 H5
 # The fault suite's full repetitions (docs/reliability.md); FAULTS_ARGS=--only router worker ...
 FAULTS_ARGS ?=
 
@@ -164,6 +165,9 @@ test: verify test-integration test-e2e test-scenarios test-drain test-image test
 
 bench-autoscale: $(STAMP) ## The autoscaler against baselines on the workloads (BENCH_AUTOSCALE_ARGS=W1 W2 W3 S1).
 	$(PY) -m pdfleet_lab.bench $(BENCH_AUTOSCALE_ARGS) --out docs/benchmarks/autoscale
+bench-autoscale-heldout: $(STAMP) ## The policy, fixed splits and the bound on held-out workloads H1-H5 (lab/src/pdfleet_lab/heldout.py).
+	$(PY) -m pdfleet_lab.bench $(BENCH_HELDOUT_ARGS) --only pdfleet,pdfleet-learned,fixed,clairvoyant \
+		--out docs/benchmarks/autoscale/heldout
 bench-autoscale-dynosim: ## pdfleet's policy, fixed splits and the bound in DynoSim (~20 min; BENCH_DYNOSIM_ARGS=W1 W2 W3).
 	$(DYNOSIM_SETUP)
 	root=$$($(DYNOSIM_SETUP) --print-root) && RUST_LOG=warn "$$root/venv/bin/python" -m pdfleet_lab.dynosim \
@@ -180,4 +184,4 @@ test-faults: $(STAMP) toolchain ## The fault suite: tests/e2e/faults, then the f
 demo: $(STAMP) toolchain ## The demo fleet rebalancing itself under a load shift (DEMO_ARGS=--keep).
 	$(NETNS) $(PY) -m e2e.scenarios.demo $(DEMO_ARGS)
 
-.PHONY: help install toolchain engine registry registry-path kstatus kstatus-path test-image test-engine manifests lint test-unit verify test-integration test-e2e test-scenarios test-drain test-faults test demo bench-scale bench-activator bench-autoscale bench-autoscale-dynosim
+.PHONY: help install toolchain engine registry registry-path kstatus kstatus-path test-image test-engine manifests lint test-unit verify test-integration test-e2e test-scenarios test-drain test-faults test demo bench-scale bench-activator bench-autoscale bench-autoscale-heldout bench-autoscale-dynosim

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pdfleet.autoscale.policy import PolicyConfig
-from pdfleet_lab import oracle
+from pdfleet_lab import heldout, oracle
 from pdfleet_lab.baselines import (
     PlannerController,
     PolicyController,
@@ -40,8 +40,14 @@ from pdfleet_lab.sim import Controller, SimConfig, SimResult, simulate
 from pdfleet_lab.traces import Workload, load, step
 
 # SLOs of the shared workloads (../shared/traces/workloads/README.md): (TTFT s, mean ITL s).
-# S1 is W1's requests in a synthetic tenfold step, with W1's SLO.
-WORKLOAD_SLOS = {"W1": (1.0, 0.015), "W2": (0.5, 0.015), "W3": (1.0, 0.015), "S1": (1.0, 0.015)}
+# S1 is W1's requests in a synthetic tenfold step, with W1's SLO; H1-H5: `heldout.SLOS`.
+WORKLOAD_SLOS = {
+    "W1": (1.0, 0.015),
+    "W2": (0.5, 0.015),
+    "W3": (1.0, 0.015),
+    "S1": (1.0, 0.015),
+    **heldout.SLOS,
+}
 # The step: 4 requests/s for 20 minutes, then 40 for 20 more (two prefill replicas carry
 # it, one does not: a pool that shrank at light load meets it saturated).
 STEP_RPS, STEP_FACTOR, STEP_AT_S, STEP_END_S = 4.0, 10.0, 1200.0, 2400.0
@@ -344,10 +350,13 @@ def markdown(results: Sequence[dict[str, Any]]) -> str:
 
 
 def workload(spec: str, workloads_dir: Path, speedup: float) -> Workload:
-    """A trace file, a shared workload by its prefix (W1...), or the synthetic step (S1)."""
+    """A trace file, a shared workload by its prefix (W1...), the synthetic step (S1) or a
+    held-out workload (H1...) built from the Azure traces beside the shared workloads."""
     if spec == "S1":
         sizes = load(_resolve("W1", workloads_dir))
         return step(sizes, STEP_RPS, STEP_FACTOR, STEP_AT_S, STEP_END_S, name="S1_step_x10")
+    if spec in heldout.BUILDERS:
+        return heldout.build(spec, workloads_dir.parent / "azure")
     return load(_resolve(spec, workloads_dir), speedup=speedup)
 
 
@@ -381,8 +390,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "workloads",
         nargs="*",
         default=["W1", "W2", "W3", "S1"],
-        help="trace files (Mooncake .jsonl[.gz] or Azure .csv), W1/W2/W3, or S1 (a tenfold "
-        "load step of W1's requests)",
+        help="trace files (Mooncake .jsonl[.gz] or Azure .csv), W1/W2/W3, S1 (a tenfold "
+        "load step of W1's requests), or H1-H5 (held-out workloads, heldout.py)",
     )
     ap.add_argument("--workloads-dir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("bench-autoscale"))

@@ -7,7 +7,8 @@ Where it fits: `pdfleet_lab.bench` loads a workload file with `load()` and hands
   simulator has no prefix cache).
 - Azure LLM inference trace 2023: CSV `TIMESTAMP,ContextTokens,GeneratedTokens` with
   wall-clock timestamps; arrivals are taken relative to the first one, optionally time-compressed.
-`step()` makes a synthetic load step from a trace's request sizes.
+`step()` makes a synthetic load step from a trace's request sizes; `overlay()` and
+`poisson()` build the held-out workloads (`heldout.py`) the way the shared ones were built.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import gzip
 import io
 import json
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -106,6 +107,46 @@ def step(
             return _from_rows(name, rows)
         i = rng.randrange(len(sizes))
         rows.append((t, sizes.input_tokens[i], sizes.output_tokens[i]))
+
+
+def overlay(
+    source: Workload, copies: int, seed: int, name: str, max_offset_s: float = 60.0
+) -> Workload:
+    """`copies` copies of a trace laid over each other, each shifted by a uniform random
+    offset of up to `max_offset_s`; requests shifted past the source's end are dropped (the
+    recipe of ../shared/traces/workloads: the trace's own burst shape, `copies` times the load)."""
+    rng = random.Random(seed)
+    end = source.duration_s
+    rows: list[tuple[float, int, int]] = []
+    for _ in range(copies):
+        offset = rng.uniform(0.0, max_offset_s)
+        rows.extend((t + offset, i, o) for t, i, o in source._rows() if t + offset <= end)
+    return _from_rows(name, rows)
+
+
+def poisson(
+    rate_at: Callable[[float], float],
+    sizes_at: Callable[[float], Workload],
+    duration_s: float,
+    name: str,
+    seed: int,
+) -> Workload:
+    """Poisson arrivals whose rate (requests/s) follows `rate_at(t)`, by thinning at the
+    highest rate of a one-second grid; each request's prompt and output lengths drawn from
+    the trace `sizes_at(t)` names for its arrival time."""
+    rng = random.Random(seed)
+    top = max(rate_at(float(s)) for s in range(int(duration_s) + 1))
+    rows: list[tuple[float, int, int]] = []
+    t = 0.0
+    while top > 0:
+        t += rng.expovariate(top)
+        if t >= duration_s:
+            break
+        if rng.random() * top < rate_at(t):
+            sizes = sizes_at(t)
+            i = rng.randrange(len(sizes))
+            rows.append((t, sizes.input_tokens[i], sizes.output_tokens[i]))
+    return _from_rows(name, rows)
 
 
 def load(path: str | Path, speedup: float = 1.0) -> Workload:

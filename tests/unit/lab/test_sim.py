@@ -11,7 +11,7 @@ import pytest
 
 from pdfleet.autoscale.metrics import PrometheusSource
 from pdfleet.autoscale.policy import MetricsWindow, RoleReplicas
-from pdfleet_lab import traces
+from pdfleet_lab import bench, heldout, traces
 from pdfleet_lab.bench import RunSummary, at_equal_cost, count_flaps
 from pdfleet_lab.oracle import Fronts, SplitResult, cheapest_plan, clairvoyant, first_window_at
 from pdfleet_lab.sim import SimConfig, fixed, simulate
@@ -56,6 +56,59 @@ def test_step_draws_sizes_from_the_trace_and_multiplies_the_rate() -> None:
     assert 800 < before < 1200 and 8000 < after < 12000  # Poisson: about 1,000 and 10,000
     assert set(wl.input_tokens) == {100, 300} and wl.arrival_s[-1] < 1000.0
     assert traces.step(sizes, 2.0, 10.0, 500.0, 1000.0, "s") == wl  # seeded
+
+
+def test_overlay_shifts_each_copy_and_drops_what_passes_the_end() -> None:
+    source = _wl(11, 10.0)  # arrivals 0, 10, ..., 100
+    wl = traces.overlay(source, copies=3, seed=4, name="o", max_offset_s=15.0)
+    assert wl.name == "o" and wl.arrival_s == tuple(sorted(wl.arrival_s))
+    assert max(wl.arrival_s) <= source.duration_s
+    # each copy loses the one or two arrivals its offset (under 15 s) pushes past 100 s
+    assert 3 * 11 - 6 <= len(wl) <= 3 * 11 - 3
+    assert traces.overlay(source, 3, 4, "o", 15.0) == wl  # seeded
+    assert traces.overlay(source, 1, 4, "o", 0.0).arrival_s == source.arrival_s
+
+
+def test_poisson_follows_the_rate_and_the_sizes_of_each_phase() -> None:
+    short = traces.Workload("a", (0.0,), (100,), (10,))
+    long = traces.Workload("b", (0.0,), (5000,), (2,))
+    wl = traces.poisson(
+        lambda t: 20.0 if t < 500.0 else 2.0,
+        lambda t: short if t < 500.0 else long,
+        1000.0,
+        name="p",
+        seed=3,
+    )
+    early = [i for t, i in zip(wl.arrival_s, wl.input_tokens, strict=True) if t < 500.0]
+    late = [i for t, i in zip(wl.arrival_s, wl.input_tokens, strict=True) if t >= 500.0]
+    assert 9000 < len(early) < 11000 and 800 < len(late) < 1200  # about 10,000 and 1,000
+    assert set(early) == {100} and set(late) == {5000}
+    assert traces.poisson(lambda t: 0.0, lambda t: short, 100.0, "z", 1).arrival_s == ()
+
+
+def test_heldout_workloads_are_built_from_both_sources_with_their_slos() -> None:
+    conv = traces.Workload(
+        "conv", tuple(float(t) for t in range(0, 3600, 2)), (500,) * 1800, (50,) * 1800
+    )
+    code = traces.Workload(
+        "code", tuple(float(t) for t in range(0, 3600, 4)), (3000,) * 900, (5,) * 900
+    )
+    src = heldout.Sources(conv=conv, code=code)
+    built = {name: make(src) for name, make in heldout.BUILDERS.items()}
+    assert set(built) == set(heldout.SLOS)
+    for name, wl in built.items():
+        assert wl.name[:2] == name and len(wl) > 0 and wl.duration_s <= heldout.HOUR_S
+        assert bench.WORKLOAD_SLOS[name] == heldout.SLOS[name]
+    assert len(built["H1"]) > 5 * len(conv) and set(built["H2"].input_tokens) == {3000}
+    shift = built["H3"]
+    assert {i for t, i in zip(shift.arrival_s, shift.input_tokens, strict=True) if t < 1800} == {
+        3000
+    }
+    assert {i for t, i in zip(shift.arrival_s, shift.input_tokens, strict=True) if t >= 1800} == {
+        500
+    }
+    lull = sum(1 for t in built["H5"].arrival_s if 1200 <= t < 2400)
+    assert lull < 0.2 * sum(1 for t in built["H5"].arrival_s if t < 1200)
 
 
 def test_light_load_meets_slo_and_counts_gpu_time() -> None:

@@ -1,0 +1,98 @@
+"""Held-out workloads: shapes and seeds the policy was never tuned on, built from the Azure traces.
+
+Where it fits: `make bench-autoscale-heldout` runs `python -m pdfleet_lab.bench H1 ... H5`;
+`bench.workload` builds each one here from `../shared/traces/azure/` (the sources of the
+shared W1-W3) with `traces.overlay` and `traces.poisson`, the recipes of
+`../shared/traces/workloads/README.md`. They check that the policy's mechanisms, tuned
+against W1-W3 and S1, carry over to other bursts, ramps, steps and shifts; nothing here is
+used to choose a constant. Each name's first two characters key its SLO, as W1-W3's do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pdfleet_lab.traces import Workload, load, overlay, poisson
+
+HOUR_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Sources:
+    """The Azure LLM inference traces 2023: conversation and code."""
+
+    conv: Workload
+    code: Workload
+
+
+def _conv_x6(src: Sources) -> Workload:
+    return overlay(src.conv, copies=6, seed=11, name="H1_conv_x6ov")
+
+
+def _code_x3(src: Sources) -> Workload:
+    return overlay(src.code, copies=3, seed=12, name="H2_code_x3ov")
+
+
+def _shift_back(src: Sources) -> Workload:
+    # W3 the other way round: code's long prompts first, then conversation's
+    return poisson(
+        lambda t: 40.0,
+        lambda t: src.code if t < HOUR_S / 2 else src.conv,
+        HOUR_S,
+        name="H3_shift_back",
+        seed=13,
+    )
+
+
+def _ramp(src: Sources) -> Workload:
+    # a day's rise and fall in an hour: 10 -> 60 -> 10 requests/s
+    return poisson(
+        lambda t: 10.0 + 50.0 * math.sin(math.pi * t / HOUR_S) ** 2,
+        lambda t: src.conv,
+        HOUR_S,
+        name="H4_conv_ramp",
+        seed=14,
+    )
+
+
+def _step_down_up(src: Sources) -> Workload:
+    # S1 the other way round: a lull of a tenth of the load, then the load back at once
+    return poisson(
+        lambda t: 3.0 if 1200.0 <= t < 2400.0 else 30.0,
+        lambda t: src.conv,
+        HOUR_S,
+        name="H5_step_down_up",
+        seed=15,
+    )
+
+
+BUILDERS: dict[str, Callable[[Sources], Workload]] = {
+    "H1": _conv_x6,
+    "H2": _code_x3,
+    "H3": _shift_back,
+    "H4": _ramp,
+    "H5": _step_down_up,
+}
+# (TTFT s, mean ITL s): code's long prompts get W2's tighter TTFT, the others W1's
+SLOS = {
+    "H1": (1.0, 0.015),
+    "H2": (0.5, 0.015),
+    "H3": (1.0, 0.015),
+    "H4": (1.0, 0.015),
+    "H5": (1.0, 0.015),
+}
+
+
+def sources(azure_dir: Path) -> Sources:
+    return Sources(
+        conv=load(azure_dir / "AzureLLMInferenceTrace_conv.csv"),
+        code=load(azure_dir / "AzureLLMInferenceTrace_code.csv"),
+    )
+
+
+def build(name: str, azure_dir: Path) -> Workload:
+    """The held-out workload `name` (H1...H5), from the traces in `azure_dir`."""
+    return BUILDERS[name](sources(azure_dir))
