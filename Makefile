@@ -173,6 +173,11 @@ bench-autoscale-dynosim: ## pdfleet's policy, fixed splits and the bound in Dyno
 	root=$$($(DYNOSIM_SETUP) --print-root) && RUST_LOG=warn "$$root/venv/bin/python" -m pdfleet_lab.dynosim \
 		$(BENCH_DYNOSIM_ARGS) --table "$$root/timing.npz" --work "$$root/work" \
 		--out docs/benchmarks/autoscale/dynosim
+bench-autoscale-heldout-dynosim: ## The held-out workloads in DynoSim (~40 min; BENCH_HELDOUT_ARGS=H1 ... H5).
+	$(DYNOSIM_SETUP)
+	root=$$($(DYNOSIM_SETUP) --print-root) && RUST_LOG=warn "$$root/venv/bin/python" -m pdfleet_lab.dynosim \
+		$(BENCH_HELDOUT_ARGS) --table "$$root/timing.npz" --work "$$root/work" \
+		--out docs/benchmarks/autoscale/heldout/dynosim
 bench-scale: $(STAMP) toolchain ## 1,000 InferenceServices on the local cluster, measured (BENCH_SCALE_ARGS=--services 100).
 	$(NETNS) $(PY) -m e2e.benchmarks.bench_scale $(BENCH_SCALE_ARGS)
 bench-activator: $(STAMP) ## The activator against the real vllm-router on loopback: added latency, memory, hold (BENCH_ACTIVATOR_ARGS=--requests 40).
@@ -184,4 +189,4 @@ test-faults: $(STAMP) toolchain ## The fault suite: tests/e2e/faults, then the f
 demo: $(STAMP) toolchain ## The demo fleet rebalancing itself under a load shift (DEMO_ARGS=--keep).
 	$(NETNS) $(PY) -m e2e.scenarios.demo $(DEMO_ARGS)
 
-.PHONY: help install toolchain engine registry registry-path kstatus kstatus-path test-image test-engine manifests lint test-unit verify test-integration test-e2e test-scenarios test-drain test-faults test demo bench-scale bench-activator bench-autoscale bench-autoscale-heldout bench-autoscale-dynosim
+.PHONY: help install toolchain engine registry registry-path kstatus kstatus-path test-image test-engine manifests lint test-unit verify test-integration test-e2e test-scenarios test-drain test-faults test demo bench-scale bench-activator bench-autoscale bench-autoscale-heldout bench-autoscale-dynosim bench-autoscale-heldout-dynosim

@@ -149,6 +149,17 @@ def poisson(
     return _from_rows(name, rows)
 
 
+def to_mooncake(wl: Workload, block_tokens: int = 512) -> Iterator[dict[str, object]]:
+    """Mooncake records of a workload, hash ids unique per request and per `block_tokens`
+    block (no prefix shared, as in ../shared/traces/workloads)."""
+    next_id = 0
+    for t, i, o in wl._rows():
+        blocks = -(-i // block_tokens)
+        ids = list(range(next_id, next_id + blocks))
+        next_id += blocks
+        yield {"timestamp": t * 1000.0, "input_length": i, "output_length": o, "hash_ids": ids}
+
+
 def load(path: str | Path, speedup: float = 1.0) -> Workload:
     """Load a trace file, choosing the format from its name (.csv, .jsonl, .jsonl.gz)."""
     p = Path(path)

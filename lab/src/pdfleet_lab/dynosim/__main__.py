@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from pdfleet_lab import bench
+from pdfleet_lab import bench, heldout
 from pdfleet_lab.dynosim import harness, results
 from pdfleet_lab.dynosim import table as tables
 
@@ -45,7 +45,7 @@ def _fmt(rows: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pdfleet_lab.dynosim", description=__doc__)
-    ap.add_argument("workloads", nargs="*", default=["W1", "W2", "W3"])
+    ap.add_argument("workloads", nargs="*", default=["W1", "W2", "W3"], help="or H1-H5")
     ap.add_argument("--workloads-dir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("docs/benchmarks/autoscale/dynosim"))
     ap.add_argument("--table", type=Path, required=True, help="the NPZ (built if missing)")
@@ -62,7 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     timing = load_timing(args.table)
     settings = harness.Settings(table=str(args.table))
     wdir = args.workloads_dir or bench._default_workloads_dir()
-    traces = [bench._resolve(w, wdir) for w in args.workloads]
+    traces = [
+        heldout.write(w, wdir.parent / "azure", args.work / "heldout")
+        if w in heldout.BUILDERS
+        else bench._resolve(w, wdir)
+        for w in args.workloads
+    ]
     cal = calibration(timing, settings)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "calibration.json").write_text(json.dumps(cal, indent=1) + "\n")
