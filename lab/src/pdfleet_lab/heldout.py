@@ -3,8 +3,8 @@
 Where it fits: `make bench-autoscale-heldout` runs `python -m pdfleet_lab.bench H1 ... H5`;
 `bench.workload` builds each one here from `../shared/traces/azure/` (the sources of the
 shared W1-W3) with `traces.overlay` and `traces.poisson`, the recipes of
-`../shared/traces/workloads/README.md`; `write` gives DynoSim (`make
-bench-autoscale-heldout-dynosim`) the same requests as a trace file. They check that the
+`../shared/traces/workloads/README.md`; DynoSim (`make bench-autoscale-heldout-dynosim`)
+gets the same requests as a trace file (`dynosim.harness.trace_file`). They check that the
 policy's mechanisms, tuned against W1-W3 and S1, carry over to other bursts, ramps, steps
 and shifts; nothing here is used to choose a constant. Each name's first two characters
 key its SLO, as W1-W3's do.
@@ -12,13 +12,13 @@ key its SLO, as W1-W3's do.
 
 from __future__ import annotations
 
-import json
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdfleet_lab.traces import Workload, load, overlay, poisson, to_mooncake
+from pdfleet_lab.traces import Workload, load, overlay, poisson
 
 HOUR_S = 3600.0
 
@@ -89,6 +89,7 @@ SLOS = {
 }
 
 
+@functools.cache  # one parse of the CSVs for all five workloads
 def sources(azure_dir: Path) -> Sources:
     return Sources(
         conv=load(azure_dir / "AzureLLMInferenceTrace_conv.csv"),
@@ -99,13 +100,3 @@ def sources(azure_dir: Path) -> Sources:
 def build(name: str, azure_dir: Path) -> Workload:
     """The held-out workload `name` (H1...H5), from the traces in `azure_dir`."""
     return BUILDERS[name](sources(azure_dir))
-
-
-def write(name: str, azure_dir: Path, out_dir: Path) -> Path:
-    """The held-out workload `name` as a Mooncake JSONL file in `out_dir`, for replayers
-    that read trace files (DynoSim)."""
-    wl = build(name, azure_dir)
-    path = out_dir / f"{wl.name}.jsonl"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in to_mooncake(wl)))
-    return path

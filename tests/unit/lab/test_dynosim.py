@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pdfleet.autoscale.policy import MetricsWindow, PolicyConfig, RoleReplicas
+from pdfleet_lab import heldout
 from pdfleet_lab.baselines import PolicyController
 from pdfleet_lab.dynosim import harness, results, signals, ticker
 from pdfleet_lab.dynosim import table as tables
 from pdfleet_lab.exporter import EngineFamilies
+from pdfleet_lab.traces import load
 
 
 def _snap(worker: int, wall: float, **kw: float) -> dict[str, Any]:
@@ -282,6 +285,18 @@ def test_window_records_rebase_like_workload_window() -> None:
     recs = [{"timestamp": t, "input_length": 10, "output_length": 2} for t in (0, 299_999, 300_000)]
     assert harness.window_records(recs, 0.0, 300.0) == recs[:2]
     assert harness.window_records(recs, 300.0, 600.0) == [{**recs[2], "timestamp": 0.0}]
+
+
+def test_trace_file_writes_a_heldout_workload_with_the_same_requests(tmp_path: Path) -> None:
+    azure = tmp_path / "traces" / "azure"
+    azure.mkdir(parents=True)
+    header = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    for kind, tokens in (("conv", 900), ("code", 4000)):
+        rows = "".join(f"2023-11-16 18:{m:02d}:00.0000000,{tokens},20\n" for m in range(3))
+        (azure / f"AzureLLMInferenceTrace_{kind}.csv").write_text(header + rows)
+    path = harness.trace_file("H5", tmp_path / "traces" / "workloads", tmp_path / "work")
+    assert path.name == "H5_step_down_up.jsonl"
+    assert load(path).arrival_s == pytest.approx(heldout.build("H5", azure).arrival_s)
 
 
 def test_wall_cap_grows_with_the_trace() -> None:

@@ -120,18 +120,6 @@ def test_to_mooncake_round_trips_with_a_hash_id_per_block(tmp_path: Path) -> Non
     assert traces.load(path) == wl
 
 
-def test_heldout_write_gives_replayers_the_same_requests(tmp_path: Path) -> None:
-    azure = tmp_path / "azure"
-    azure.mkdir()
-    header = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
-    for kind, tokens in (("conv", 900), ("code", 4000)):
-        rows = "".join(f"2023-11-16 18:{m:02d}:00.0000000,{tokens},20\n" for m in range(3))
-        (azure / f"AzureLLMInferenceTrace_{kind}.csv").write_text(header + rows)
-    path = heldout.write("H5", azure, tmp_path / "out")
-    assert path.name == "H5_step_down_up.jsonl"
-    assert traces.load(path).arrival_s == pytest.approx(heldout.build("H5", azure).arrival_s)
-
-
 def test_light_load_meets_slo_and_counts_gpu_time() -> None:
     res = simulate(_wl(200, 0.5), CFG, fixed(1, 1), (1, 1))
     assert res.attainment(1.0, 0.015) == 1.0

@@ -32,12 +32,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pdfleet_lab import bench, oracle
+from pdfleet_lab import bench, heldout, oracle
 from pdfleet_lab.dynosim import results
 from pdfleet_lab.dynosim import table as tables
 from pdfleet_lab.dynosim.results import PROGRESS_PREFIX, RESULT_PREFIX
 from pdfleet_lab.sim import SimConfig
-from pdfleet_lab.traces import Workload, load
+from pdfleet_lab.traces import Workload, load, to_mooncake
 
 T = TypeVar("T")
 WINDOW_S = 300.0
@@ -143,6 +143,15 @@ def write_jsonl(records: Sequence[dict[str, Any]], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
+
+
+def trace_file(spec: str, workloads_dir: Path, work: Path) -> Path:
+    """A shared workload's file (W1...), or a held-out one (H1...) built from the Azure
+    traces beside the shared workloads and written into `work` as Mooncake records."""
+    if spec not in heldout.BUILDERS:
+        return bench._resolve(spec, workloads_dir)
+    wl = heldout.build(spec, workloads_dir.parent / "azure")
+    return write_jsonl(list(to_mooncake(wl)), work / "heldout" / f"{wl.name}.jsonl")
 
 
 # --- replay processes ------------------------------------------------------------------
