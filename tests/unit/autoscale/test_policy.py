@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from pdfleet.autoscale.policy import (
+    Capacity,
     Decision,
     MetricsWindow,
     PolicyConfig,
@@ -16,6 +17,7 @@ from pdfleet.autoscale.policy import (
     decide,
     fit_budget,
     metrics_problem,
+    remember_burst,
     stabilize,
     trim_history,
 )
@@ -478,6 +480,43 @@ def test_busiest_recent_burst_keeps_prefill_and_decays_with_its_own_half_life() 
     assert "prefill: busiest recent burst 56569/s needs 3" in history[20].reasons
     assert history[26].prefill == 2, history[26].reasons
     assert all(h.recommended_prefill == 1 for h in history[1:]), "floor is not a recommendation"
+
+
+def _bursts(*windows: tuple[float, float, bool]) -> Capacity:
+    """The burst memory after windows of (time, peak prompt rate, target broken)."""
+    learned = Capacity()
+    for at, peak, broke in windows:
+        learned = remember_burst(learned, at, peak, broke, CFG)
+    return learned
+
+
+@pytest.mark.parametrize(
+    ("name", "second", "half_life"),
+    [
+        # an 80k burst, a lull, and 600 s on (40k kept) a 70k burst breaks the target: the
+        # memory let go of a burst that recurs, and doubles its half-life
+        ("returned and broke", (1600.0, 70_000.0, True), 1200.0),
+        ("returned and held", (1600.0, 70_000.0, False), 600.0),
+        ("within what was kept", (1600.0, 35_000.0, True), 600.0),
+    ],
+)
+def test_burst_memory_lasts_as_long_as_broken_bursts_recur(
+    name: str, second: tuple[float, float, bool], half_life: float
+) -> None:
+    learned = _bursts((1000.0, 80_000.0, True), (1100.0, 5_000.0, False), second)
+    assert learned.burst_half_life_s == half_life, name
+    assert learned.prefill_busiest == pytest.approx(max(40_000.0, second[1])), name
+
+
+def test_burst_memory_needs_a_lull_and_has_a_reach() -> None:
+    # a load that rises window after window, breaking the target, is not a burst returning
+    rising_load = [(1000.0 + 15 * i, 20_000.0 * 1.1**i, True) for i in range(20)]
+    assert _bursts(*rising_load).burst_half_life_s == CFG.burst_memory_half_life_s
+    # bursts that break the target after every lull double the half-life up to 4x
+    returning = [
+        (1000.0 + 1200 * i + d, peak, d == 0) for i in range(6) for d, peak in ((0, 8e4), (60, 0))
+    ]
+    assert _bursts(*returning).burst_half_life_s == 4 * CFG.burst_memory_half_life_s
 
 
 def test_a_violating_role_outranks_the_burst_insurance_of_the_other() -> None:

@@ -18,7 +18,8 @@ has the details and the reasons:
    trend over the start-up delay and, for prefill, the backlog to work off.
 5. Scale down only on evidence: decode where the fitted ITL of the smaller pool stays well
    under target, prefill not below what the busiest recent burst needs (a decayed maximum,
-   applied after stabilization so that it decays with its own half-life).
+   applied after stabilization so that it decays with its own half-life, which doubles
+   each time a burst that the memory let go of comes back and breaks the target).
 6. Feedback: a violating role never shrinks and gets at least one more replica than it has
    ready (replicas still starting count as that one), unless its queue is shrinking (a
    backlog being worked off). Without a capacity estimate, a queue growing so that a prompt
@@ -45,6 +46,10 @@ from pdfleet.autoscale.attainment import Buckets
 
 Role = Literal["prefill", "decode"]
 _MAX_TREND = 0.25
+# A load under this share of the burst memory is a lull between bursts; the memory's
+# half-life grows at most to this multiple of the configured one.
+_LULL = 0.5
+_BURST_MEMORY_REACH = 4.0
 ROLES: tuple[Role, Role] = ("prefill", "decode")
 # The smallest target, divisor time or utilization a config holds (1 ms: admission's smallest
 # latency target), and a replica count past any pool's bounds for a load that overflows.
@@ -228,6 +233,10 @@ class Capacity:
     prefill_bracket: cap.Bracket = field(default_factory=cap.Bracket)
     prefill_busiest: float = 0.0  # decayed maximum of the peak prompt rate
     busiest_at_s: float | None = None
+    # The burst memory's half-life as bursts taught it (None: the configured one), and
+    # whether the load fell to a lull since the memory last rose.
+    burst_half_life_s: float | None = None
+    lull: bool = False
 
     def get(self, role: Role) -> cap.RoleCapacity:
         return self.prefill if role == "prefill" else self.decode
@@ -771,13 +780,9 @@ def _learn(
             before or None,
         )
         out = replace(out, prefill=state) if r == "prefill" else replace(out, decode=state)
-    peak = views["prefill"].peak
-    kept = last.prefill_busiest
-    if last.busiest_at_s is not None:
-        kept *= cap.fade(metrics.at_s - last.busiest_at_s, config.burst_memory_half_life_s)
-    out = replace(out, prefill_busiest=max(kept, peak), busiest_at_s=metrics.at_s)
+    v = views["prefill"]
+    out = remember_burst(out, metrics.at_s, v.peak, v.latency > v.target, config)
     if stable["prefill"]:
-        v = views["prefill"]
         bracket = cap.observe_bracket(
             last.prefill_bracket,
             metrics.at_s,
@@ -790,6 +795,35 @@ def _learn(
         )
         out = replace(out, prefill_bracket=bracket)
     return out
+
+
+def remember_burst(
+    learned: Capacity, at_s: float, peak: float, broke: bool, config: PolicyConfig
+) -> Capacity:
+    """Fold a window's peak prompt rate into the burst memory (a decayed maximum).
+
+    The memory's half-life starts at the configured one and doubles, up to
+    `_BURST_MEMORY_REACH` times it, each time a burst comes back after a lull above what the
+    memory had kept and breaks the target (`broke`): the memory had let go faster than
+    the bursts recur. Bursts that come back and are held, or a load that rises without a
+    lull, leave it as it is.
+    """
+    half_life = learned.burst_half_life_s or config.burst_memory_half_life_s
+    kept = learned.prefill_busiest
+    if learned.busiest_at_s is not None:
+        kept *= cap.fade(at_s - learned.busiest_at_s, half_life)
+    lull = learned.lull or peak < _LULL * kept
+    if peak > kept:
+        if lull and kept > 0 and broke:
+            half_life = min(2 * half_life, _BURST_MEMORY_REACH * config.burst_memory_half_life_s)
+        lull = False
+    return replace(
+        learned,
+        prefill_busiest=max(kept, peak),
+        busiest_at_s=at_s,
+        burst_half_life_s=half_life,
+        lull=lull,
+    )
 
 
 def _prefill_capacity(config: PolicyConfig, learned: Capacity, target: float) -> float | None:
