@@ -16,6 +16,7 @@ from pdfleet.autoscale.policy import (
     RoleReplicas,
     decide,
     fit_budget,
+    least_squares_slope,
     metrics_problem,
     remember_burst,
     stabilize,
@@ -565,12 +566,43 @@ def _seen(at: float, prompt: float) -> Decision:
             [_seen(NOW - 300 + 15 * i, 90_000 - 1_500 * i) for i in range(20)],
             0.0,
         ),
+        # a ramp that levelled off half a window ago tilts the whole window's line, but the
+        # recent half is flat: nothing is still rising
+        (
+            "a ramp that has levelled off",
+            [_seen(NOW - 300 + 15 * i, min(6_000 * i, 60_000)) for i in range(20)],
+            0.0,
+        ),
+        # flat, then rising over the recent half: the whole window's slope is the gentler
+        # one, so that is what is extrapolated
+        (
+            "a rise in the recent half",
+            [_seen(NOW - 300 + 15 * i, 45_000 + 1_500 * max(0, i - 10)) for i in range(20)],
+            None,
+        ),
     ],
 )
-def test_trend(name: str, history: list[Decision], want: float) -> None:
+def test_trend(name: str, history: list[Decision], want: float | None) -> None:
     d = decide(CFG, NOW, rr(2), rr(1), window(peaky(60_000, 60_000)), history)
     forecast = float(d.reasons[0].split("forecast ")[1].split(")")[0])
+    if want is None:  # the least-squares slope through every point, now included
+        points = [(h.at_s - NOW, h.observed.prefill_demand) for h in history if h.observed]
+        want = least_squares_slope([*points, (0.0, 60_000.0)]) * (120 + 15)
+        assert 0 < want < 0.25 * 60_000
     assert forecast - 60_000 == pytest.approx(want, abs=1.0), (name, d.reasons[0])
+
+
+@pytest.mark.parametrize(
+    ("points", "want"),
+    [
+        ([(0.0, 1.0), (1.0, 3.0), (2.0, 5.0)], 2.0),
+        ([(0.0, 5.0), (1.0, 1.0), (2.0, 5.0)], 0.0),
+        ([(0.0, 1.0), (1.0, 9.0)], 0.0),  # two points: no fit
+        ([(1.0, 1.0), (1.0, 2.0), (1.0, 3.0)], 0.0),  # one instant: no slope
+    ],
+)
+def test_least_squares_slope(points: list[tuple[float, float]], want: float) -> None:
+    assert least_squares_slope(points) == pytest.approx(want)
 
 
 NO_PRIOR = replace(CFG, prefill_capacity_prior=None, decode_capacity_prior=None)

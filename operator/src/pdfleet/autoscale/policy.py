@@ -440,8 +440,11 @@ def _trend(
 ) -> float:
     """Upward demand slope per second over the trend window (0 when flat or falling).
 
-    A least-squares slope through every window-mean demand in the trend window: the end
-    points alone turn minute-to-minute noise into a trend.
+    A least-squares slope through every window-mean demand in the trend window (the end
+    points alone turn minute-to-minute noise into a trend), and no steeper than the slope
+    through its recent half: a rise is extrapolated only as far as it is still going on. A
+    ramp or step that has levelled off still tilts the whole window's line for a window
+    after it (a fleet's first minutes, when decode fills, read as a 25 % rise).
     """
     pts = [(0.0, demand)]
     for h in history:
@@ -451,11 +454,20 @@ def _trend(
         pts.append((-age, h.observed.demand(role)))
     if len(pts) < 3 or -min(t for t, _ in pts) < config.trend_window_s - config.interval_s:
         return 0.0  # a shorter history cannot tell a trend from a cold start's ramp
-    mt = sum(t for t, _ in pts) / len(pts)
-    my = sum(y for _, y in pts) / len(pts)
-    var = sum((t - mt) ** 2 for t, _ in pts)
-    cov = sum((t - mt) * (y - my) for t, y in pts)
-    return max(0.0, cov / var) if var > 0 else 0.0
+    recent = [(t, y) for t, y in pts if t >= -0.5 * config.trend_window_s]
+    return max(0.0, min(least_squares_slope(pts), least_squares_slope(recent)))
+
+
+def least_squares_slope(points: Sequence[tuple[float, float]]) -> float:
+    """Slope of the least-squares line through (t, y) points; 0 with fewer than three or
+    all at one time (two points are the end-point difference the fit is there to avoid)."""
+    if len(points) < 3:
+        return 0.0
+    mt = sum(t for t, _ in points) / len(points)
+    my = sum(y for _, y in points) / len(points)
+    var = sum((t - mt) ** 2 for t, _ in points)
+    cov = sum((t - mt) * (y - my) for t, y in points)
+    return cov / var if var > 0 else 0.0
 
 
 @dataclass(frozen=True)
