@@ -592,6 +592,16 @@ def test_trend(name: str, history: list[Decision], want: float | None) -> None:
     assert forecast - 60_000 == pytest.approx(want, abs=1.0), (name, d.reasons[0])
 
 
+def test_a_trend_window_of_a_few_intervals_keeps_its_whole_slope() -> None:
+    # 30 s at a 15 s interval: the recent half holds two points, too few to judge whether
+    # the rise goes on, so the whole window's slope (+100 tok/s per second) stands
+    short = replace(CFG, trend_window_s=30)
+    history = [_seen(NOW - 30 + 15 * i, 57_000 + 1_500 * i) for i in range(2)]
+    d = decide(short, NOW, rr(2), rr(1), window(peaky(60_000, 60_000)), history)
+    forecast = float(d.reasons[0].split("forecast ")[1].split(")")[0])
+    assert forecast - 60_000 == pytest.approx(100.0 * (120 + 15), abs=1.0), d.reasons[0]
+
+
 @pytest.mark.parametrize(
     ("points", "want"),
     [

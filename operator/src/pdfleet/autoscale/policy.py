@@ -454,8 +454,11 @@ def _trend(
         pts.append((-age, h.observed.demand(role)))
     if len(pts) < 3 or -min(t for t, _ in pts) < config.trend_window_s - config.interval_s:
         return 0.0  # a shorter history cannot tell a trend from a cold start's ramp
+    slope = least_squares_slope(pts)
     recent = [(t, y) for t, y in pts if t >= -0.5 * config.trend_window_s]
-    return max(0.0, min(least_squares_slope(pts), least_squares_slope(recent)))
+    if len(recent) >= 3:  # a window of a few intervals has no half to tell a rise from
+        slope = min(slope, least_squares_slope(recent))
+    return max(0.0, slope)
 
 
 def least_squares_slope(points: Sequence[tuple[float, float]]) -> float:
