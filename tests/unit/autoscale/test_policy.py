@@ -541,6 +541,11 @@ def _seen(at: float, prompt: float) -> Decision:
     return replace(d, at_s=at)
 
 
+def _prefill_forecast(d: Decision) -> float:
+    """The prefill forecast the decision's first reason reports."""
+    return float(d.reasons[0].split("forecast ")[1].split(")")[0])
+
+
 @pytest.mark.parametrize(
     ("name", "history", "want"),
     [
@@ -584,7 +589,7 @@ def _seen(at: float, prompt: float) -> Decision:
 )
 def test_trend(name: str, history: list[Decision], want: float | None) -> None:
     d = decide(CFG, NOW, rr(2), rr(1), window(peaky(60_000, 60_000)), history)
-    forecast = float(d.reasons[0].split("forecast ")[1].split(")")[0])
+    forecast = _prefill_forecast(d)
     if want is None:  # the least-squares slope through every point, now included
         points = [(h.at_s - NOW, h.observed.prefill_demand) for h in history if h.observed]
         want = least_squares_slope([*points, (0.0, 60_000.0)]) * (120 + 15)
@@ -598,7 +603,7 @@ def test_a_trend_window_of_a_few_intervals_keeps_its_whole_slope() -> None:
     short = replace(CFG, trend_window_s=30)
     history = [_seen(NOW - 30 + 15 * i, 57_000 + 1_500 * i) for i in range(2)]
     d = decide(short, NOW, rr(2), rr(1), window(peaky(60_000, 60_000)), history)
-    forecast = float(d.reasons[0].split("forecast ")[1].split(")")[0])
+    forecast = _prefill_forecast(d)
     assert forecast - 60_000 == pytest.approx(100.0 * (120 + 15), abs=1.0), d.reasons[0]
 
 
