@@ -141,6 +141,17 @@ def test_bracket(name: str, points: list[tuple[float, float, float]], want: floa
     assert got == pytest.approx(want), name
 
 
+def test_a_violation_while_the_queue_shrinks_is_not_a_capacity_limit() -> None:
+    # a pool working off a backlog serves at full speed and misses the target on the wait
+    # of prompts queued before: neither what broke nor the estimate moves
+    s = observe_bracket(Bracket(), 0.0, 100.0, 3.0, 1.0, 1e9, 100.0, draining=True)
+    assert math.isinf(s.broke)
+    assert bracket_capacity(s, 100.0) == 100.0
+    s = observe_bracket(Bracket(), 0.0, 100.0, 3.0, 1.0, 1e9, 100.0)
+    assert s.broke == 100.0
+    assert bracket_capacity(s, 100.0) == 85.0
+
+
 def test_bracket_without_prior_uses_what_held() -> None:
     assert bracket_capacity(_bracket([(0.0, 40.0, 0.2)], prior=None), None) == 40.0
     assert bracket_capacity(Bracket(), None) is None

@@ -244,13 +244,15 @@ def observe_bracket(
     half_life_s: float,
     prior: float | None,
     window_s: float = 60.0,
+    draining: bool = False,
 ) -> Bracket:
     """Fold one window (peak load per replica `x`, latency quantile `y`) in.
 
     Overlapping windows repeat the same evidence, so the estimate is cut at most once per
     `window_s`. A violation below `_PROBE_LOADED` of the estimate, or at a load seen holding
     the target before, is a burst or a backlog still draining (the policy's feedback answers
-    it), not a capacity limit.
+    it), not a capacity limit. So is one while the queue shrinks (`draining`): the pool
+    serves more than arrives, and the latency is the wait of prompts queued before.
     """
     state = _relax(state, at_s, half_life_s)
     if not (x > 0 and math.isfinite(x) and math.isfinite(y) and target > 0):
@@ -263,7 +265,7 @@ def observe_bracket(
         held = max(held, x)
         if loaded and probe is not None:
             probe = max(probe, held) * (1.0 + _PROBE_UP)  # what held is sustainable
-    elif loaded and x > held:  # at a load that has held before, it is a burst or a backlog
+    elif loaded and x > held and not draining:
         broke = min(broke, x)
         # above the estimate the violation confirms it; at or below it, it was too high
         if (est is None or x <= est) and (cut_at is None or at_s - cut_at >= window_s):
