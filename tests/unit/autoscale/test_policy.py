@@ -684,6 +684,14 @@ def test_prefill_without_capacity_grows_on_a_queue_that_breaks_the_target_a_star
     assert ("queue growing" in d.reasons[0]) == (want > 1), (name, d.reasons)
 
 
+@pytest.mark.parametrize(("growth", "limit"), [(-1.0, False), (1.0, True)])
+def test_a_prefill_pool_working_off_its_queue_learns_no_limit(growth: float, limit: bool) -> None:
+    # two replicas over the TTFT target at 30k each: with the queue shrinking the wait is
+    # of prompts queued before, with it growing they are past what they sustain
+    d = decide(CFG, NOW, rr(2), rr(1), window(queue(60_000, growth, ttft=3.0)))
+    assert math.isfinite(d.capacity.prefill_bracket.broke) == limit, d.reasons
+
+
 def test_prefill_without_prior_grows_on_violation_then_sizes_on_the_bracket() -> None:
     history = _run_windows(
         NO_PRIOR, [role(prompt=20_000, ttft=0.1)] * 3 + [role(prompt=40_000, ttft=3.0)], (1, 1)
