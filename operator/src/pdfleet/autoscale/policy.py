@@ -807,7 +807,7 @@ def _learn(
             config.capacity_half_life_s,
             config.prefill_capacity_prior,
             metrics.window_s,
-            draining=v.queued < 0,
+            draining=v.catching_up,
         )
         out = replace(out, prefill_bracket=bracket)
     return out
