@@ -16,7 +16,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 import httpx
@@ -78,6 +78,22 @@ def parse_stream_line(line: str) -> tuple[bool, int]:
     chunk = json.loads(data)
     choices = chunk.get("choices") or []
     return False, sum(1 for c in choices if c.get("text"))
+
+
+def streamed_text(lines: Iterable[str], chat: bool = False) -> str:
+    """The text of a whole SSE completion stream (chat deltas with `chat`); an error chunk or
+    a stream that ends without `[DONE]` raises, so a test sees the engine's own message."""
+    parts: list[str] = []
+    for line in lines:
+        if line == "data: [DONE]":
+            return "".join(parts)
+        if line.startswith("data: "):
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise ValueError(f"error chunk in stream: {chunk}")
+            for c in chunk["choices"]:
+                parts.append((c["delta"].get("content") or "") if chat else c["text"])
+    raise ValueError(f"stream ended without [DONE] after {''.join(parts)!r}")
 
 
 async def one_request(

@@ -26,6 +26,7 @@ from kubernetes import client
 
 from e2e.platform.bridge import Bridge
 from e2e.platform.cluster import REPO_ROOT, Cluster, wait_until
+from e2e.platform.loadgen import streamed_text
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.render import render_children
 
@@ -178,19 +179,9 @@ def test_steady_pods_cause_no_status_writes(ready_fleet: Fleet) -> None:
 
 
 def _stream(url: str, body: dict[str, Any]) -> str:
-    parts: list[str] = []
-    done = False
     with httpx.stream("POST", url, json=body, timeout=60) as resp:
         assert resp.status_code == 200, resp.read()
-        for line in resp.iter_lines():
-            if line == "data: [DONE]":
-                done = True
-            elif line.startswith("data: "):
-                chunk = json.loads(line[6:])
-                assert "error" not in chunk, chunk
-                parts += [c["text"] for c in chunk["choices"]]
-    assert done
-    return "".join(parts)
+        return streamed_text(resp.iter_lines())
 
 
 def test_completions_go_prefill_then_decode(ready_fleet: Fleet) -> None:

@@ -8,7 +8,6 @@ blocks) and never took the recompute path.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from e2e.platform.loadgen import streamed_text
 from pdfleet_worker.sim.procs import (
     QUICK_ROUTER_ARGS,
     Proc,
@@ -59,20 +59,9 @@ def fleet(tmp_path: Path) -> Iterator[tuple[str, list[SimProc], list[SimProc]]]:
 
 
 def _stream_text(client: httpx.Client, url: str, body: dict[str, Any], chat: bool) -> str:
-    parts: list[str] = []
-    done = False
     with client.stream("POST", url, json=body) as resp:
         assert resp.status_code == 200, resp.read()
-        for line in resp.iter_lines():
-            if line == "data: [DONE]":
-                done = True
-            elif line.startswith("data: "):
-                chunk = json.loads(line[6:])
-                assert "error" not in chunk, chunk
-                for c in chunk["choices"]:
-                    parts.append((c["delta"].get("content") or "") if chat else c["text"])
-    assert done
-    return "".join(parts)
+        return streamed_text(resp.iter_lines(), chat)
 
 
 def _count_tokens(text: str) -> int:

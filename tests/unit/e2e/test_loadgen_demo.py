@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from e2e.platform.loadgen import (
     arrivals,
     parse_stream_line,
     prompt_of,
+    streamed_text,
     summarize,
 )
 from e2e.scenarios.demo import Sample, demo_phases, label_phases, plot, render_view, summary_text
@@ -49,6 +51,26 @@ def test_arrivals_are_poisson_within_each_phase_and_reproducible() -> None:
 )
 def test_parse_stream_line(line: str, parsed: tuple[bool, int]) -> None:
     assert parse_stream_line(line) == parsed
+
+
+def test_streamed_text_joins_completion_and_chat_chunks_up_to_done() -> None:
+    text = ['data: {"choices": [{"text": "the"}]}', "", 'data: {"choices": [{"text": " cat"}]}']
+    assert streamed_text([*text, "data: [DONE]"]) == "the cat"
+    chat = ['data: {"choices": [{"delta": {"role": "assistant"}}]}',
+            'data: {"choices": [{"delta": {"content": "hi"}}]}', "data: [DONE]"]  # fmt: skip
+    assert streamed_text(chat, chat=True) == "hi"
+
+
+@pytest.mark.parametrize(
+    ("lines", "names"),
+    [
+        (['data: {"choices": [{"text": "the"}]}'], "without [DONE]"),
+        (['data: {"error": {"message": "overloaded"}}', "data: [DONE]"], "overloaded"),
+    ],
+)
+def test_streamed_text_refuses_a_broken_or_failed_stream(lines: list[str], names: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(names)):
+        streamed_text(lines)
 
 
 def test_prompt_length_in_simulator_tokens() -> None:
