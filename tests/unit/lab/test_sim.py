@@ -278,3 +278,16 @@ def test_the_bound_from_the_initial_split_and_with_every_window_at_the_target() 
     assert [(p, d) for _, p, d, _ in each.plan] == [(2, 1), (2, 1)]
     assert each.attainment == pytest.approx(0.965)
     assert each.gpu_hours > free.gpu_hours
+
+
+def test_each_policy_run_is_compared_with_every_reference_written() -> None:
+    """A reference missing from the results (e.g. the bound not computed) gives no ratio."""
+    out: dict[str, Any] = {
+        "runs": {"pdfleet": {"gpu_hours": 3.0}, "fixed": {"gpu_hours": 9.0}},
+        "cheapest_fixed": {"gpu_hours": 4.0},
+        "clairvoyant": {"gpu_hours": 2.0},
+        "clairvoyant_every_window": {"gpu_hours": 2.5},
+    }
+    assert bench._ratios(out) == {
+        "pdfleet": {"vs_cheapest_fixed": 0.75, "vs_clairvoyant": 1.5, "vs_every_window": 1.2}
+    }
