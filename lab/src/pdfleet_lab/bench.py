@@ -23,7 +23,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -266,7 +266,8 @@ def bench_workload(
         fronts = oracle.window_fronts(wl, sim, ttft, itl, args.budget)
         # the bound, the same knowledge paying the start-up, and the bound that holds the
         # target in every window as a latency-following policy does (oracle.py)
-        for key, startup, every_window in BOUNDS:
+        for key, paid, every_window in BOUNDS:
+            startup_s = sim.startup_s if paid else 0.0
             cv = oracle.clairvoyant(
                 wl,
                 sim,
@@ -274,14 +275,14 @@ def bench_workload(
                 itl,
                 args.budget,
                 TARGET,
-                startup_s=sim.startup_s if startup else 0.0,
+                startup_s=startup_s,
                 fronts=fronts,
                 every_window=every_window,
             )
             out[key] = {
                 "gpu_hours": cv.gpu_hours,
                 "attainment": cv.attainment,
-                "startup_s": sim.startup_s if startup else 0.0,
+                "startup_s": startup_s,
                 "every_window": every_window,
                 "plan": [list(p) for p in cv.plan],
             }
@@ -295,18 +296,29 @@ def bench_workload(
     return out
 
 
-def _ratios(out: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """GPU-hours of each pdfleet run over the cheapest fixed split and the clairvoyant bound."""
-    refs = {
-        "vs_cheapest_fixed": (out.get("cheapest_fixed") or {}).get("gpu_hours"),
-        "vs_clairvoyant": (out.get("clairvoyant") or {}).get("gpu_hours"),
-        "vs_clairvoyant_startup": (out.get("clairvoyant_startup") or {}).get("gpu_hours"),
-        "vs_every_window": (out.get("clairvoyant_every_window") or {}).get("gpu_hours"),
-    }
+def references(result: Mapping[str, Any]) -> dict[str, float | None]:
+    """GPU-hours of each reference a workload's result holds, by the name of the ratio to it
+    (None where it was not computed: DynoSim's results have no plan paying start-up)."""
     return {
-        name: {k: run["gpu_hours"] / ref for k, ref in refs.items() if ref}
-        for name, run in out["runs"].items()
-        if name.startswith("pdfleet")
+        "vs_cheapest_fixed": (result.get("cheapest_fixed") or {}).get("gpu_hours"),
+        "vs_clairvoyant": (result.get("clairvoyant") or {}).get("gpu_hours"),
+        "vs_clairvoyant_startup": (result.get("clairvoyant_startup") or {}).get("gpu_hours"),
+        "vs_every_window": (result.get("clairvoyant_every_window") or {}).get("gpu_hours"),
+    }
+
+
+def ratios(run: Mapping[str, Any], refs: Mapping[str, float | None]) -> dict[str, float]:
+    """GPU-hours of a run over each reference that exists (none for a run that failed)."""
+    if "gpu_hours" not in run:
+        return {}
+    return {k: run["gpu_hours"] / ref for k, ref in refs.items() if ref}
+
+
+def _ratios(out: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Each pdfleet run's ratios to the cheapest fixed split and the clairvoyant bounds."""
+    refs = references(out)
+    return {
+        name: ratios(run, refs) for name, run in out["runs"].items() if name.startswith("pdfleet")
     }
 
 

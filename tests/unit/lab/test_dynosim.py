@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from pdfleet.autoscale.policy import MetricsWindow, PolicyConfig, RoleReplicas
-from pdfleet_lab import heldout
+from pdfleet_lab import bench, heldout
 from pdfleet_lab.baselines import PolicyController
 from pdfleet_lab.dynosim import harness, results, signals, ticker
 from pdfleet_lab.dynosim import table as tables
@@ -335,7 +335,7 @@ def test_result_rows() -> None:
         "clairvoyant_from_initial": {"attainment": 0.951, "gpu_hours": 2.0},
         "clairvoyant_every_window": {"attainment": 0.97, "gpu_hours": 2.4},
     }
-    assert results.ratios(run, results.references(result)) == {
+    assert bench.ratios(run, bench.references(result)) == {
         "vs_cheapest_fixed": 0.5,
         "vs_clairvoyant": 1.25,
         "vs_every_window": 2.0 / 2.4,

@@ -417,9 +417,8 @@ def bench_workload(
             "clairvoyant_every_window": _bound_json(every_window),
             "split_runs": split_log,
         }
-        out["ratios"] = {
-            name: results.ratios(run, results.references(out)) for name, run in out["runs"].items()
-        }
+        refs = bench.references(out)
+        out["ratios"] = {name: bench.ratios(run, refs) for name, run in out["runs"].items()}
         return out
 
     return collect

@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pdfleet_lab.bench import count_flaps
+from pdfleet_lab.bench import count_flaps, ratios, references
 
 # Marks the answer lines of `runtime serve` on its stdout (DynoSim may print there too).
 RESULT_PREFIX = "PDFLEET-RESULT "
@@ -56,21 +56,6 @@ def summarize(
         "p95_ttft_s": float(report.get("p95_ttft_ms") or math.nan) / 1000.0,
         "p95_itl_s": float(report.get("p95_itl_ms") or math.nan) / 1000.0,
         "wall_s": float(answer.get("wall_s", math.nan)),
-    }
-
-
-def ratios(run: Mapping[str, Any], refs: Mapping[str, float | None]) -> dict[str, float]:
-    """GPU-hours of a run over each reference that exists (and the run's own, if it ran)."""
-    if "gpu_hours" not in run:
-        return {}
-    return {k: run["gpu_hours"] / ref for k, ref in refs.items() if ref}
-
-
-def references(result: Mapping[str, Any]) -> dict[str, float | None]:
-    return {
-        "vs_cheapest_fixed": (result.get("cheapest_fixed") or {}).get("gpu_hours"),
-        "vs_clairvoyant": (result.get("clairvoyant") or {}).get("gpu_hours"),
-        "vs_every_window": (result.get("clairvoyant_every_window") or {}).get("gpu_hours"),
     }
 
 
