@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pdfleet.autoscale.policy import PolicyConfig
+from pdfleet.autoscale.policy import PolicyConfig, following_scale_down_window
 from pdfleet_lab import heldout, oracle
 from pdfleet_lab.baselines import (
     PlannerController,
@@ -41,7 +41,7 @@ from pdfleet_lab.sim import Controller, SimConfig, SimResult, simulate
 from pdfleet_lab.traces import Workload, load, step
 
 # SLOs of the shared workloads (../shared/traces/workloads/README.md): (TTFT s, mean ITL s).
-# S1 is W1's requests in a synthetic tenfold step, with W1's SLO; H1-H5: `heldout.SLOS`.
+# S1 is W1's requests in a synthetic tenfold step, with W1's SLO; H1-H9: `heldout.SLOS`.
 WORKLOAD_SLOS = {
     "W1": (1.0, 0.015),
     "W2": (0.5, 0.015),
@@ -192,6 +192,7 @@ def bench_workload(
         signals=args.signals,
     )
     pcfg = policy_config(sim, ttft, itl, args.budget)
+    pcfg = following_scale_down_window(pcfg, args.scale_down_stabilization)
     flap_window = pcfg.scale_down_stabilization_s
     initial = (args.initial_prefill, args.initial_decode)
     runs: dict[str, RunSummary] = {}
@@ -424,7 +425,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         nargs="*",
         default=["W1", "W2", "W3", "S1"],
         help="trace files (Mooncake .jsonl[.gz] or Azure .csv), W1/W2/W3, S1 (a tenfold "
-        "load step of W1's requests), or H1-H5 (held-out workloads, heldout.py)",
+        "load step of W1's requests), or H1-H9 (held-out workloads, heldout.py)",
     )
     ap.add_argument("--workloads-dir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("bench-autoscale"))
@@ -443,6 +444,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="prometheus",
         help="windows from the operator's queries over scraped series (as in production), "
         "or the simulator's exact ones",
+    )
+    ap.add_argument(
+        "--scale-down-stabilization",
+        type=float,
+        default=300.0,
+        help="the spec's scaleDownStabilization, s: the policy's memory follows it",
     )
     ap.add_argument("--speedup", type=float, default=1.0, help="time compression of the trace")
     ap.add_argument("--initial-prefill", type=int, default=2)

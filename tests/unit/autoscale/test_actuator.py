@@ -29,6 +29,7 @@ from pdfleet.autoscale.policy import (
     PolicyCondition,
     PolicyConfig,
     RoleMetrics,
+    following_scale_down_window,
 )
 from pdfleet.controller import Controller
 from pdfleet.reconcile.observed import Observed, PodInfo, observed_from
@@ -162,6 +163,9 @@ def test_policy_memory_follows_the_scale_down_window() -> None:
     )
     config = policy_config(fast)
     assert (config.startup_s, config.trend_window_s, config.scale_down_period_s) == (10, 30, 15)
+    # the benchmark's --scale-down-stabilization goes through the same mapping
+    assert following_scale_down_window(defaults, 300) == defaults
+    assert following_scale_down_window(defaults, 600).burst_memory_half_life_s == 1200
 
 
 def test_describe() -> None:

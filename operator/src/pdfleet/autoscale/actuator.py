@@ -38,6 +38,7 @@ from pdfleet.autoscale.policy import (
     RoleReplicas,
     decide,
     decode_latency,
+    following_scale_down_window,
     trim_history,
 )
 from pdfleet.reconcile.observed import Observed
@@ -60,17 +61,9 @@ def policy_config(isvc: InferenceService, kv_transfer_s: float = 0.0) -> PolicyC
     spec = isvc.spec
     assert spec.slo is not None  # admission requires slo when autoscaling is enabled
     auto = spec.autoscaling
-    settle_s = parse_duration(auto.scale_down_stabilization)
     hint = auto.capacity_hint or CapacityHintSpec()
-    # The policy's memory follows the user's scale-down window (the defaults, 300 s, give
-    # the benchmarked values): trends over one window, burst memory and capacity estimates
-    # fading over two and three, at most one scale-down step per fifth of it.
-    return PolicyConfig(
+    config = PolicyConfig(
         startup_s=parse_duration(auto.worker_startup),
-        trend_window_s=settle_s,
-        burst_memory_half_life_s=2 * settle_s,
-        capacity_half_life_s=3 * settle_s,
-        scale_down_period_s=max(parse_duration(auto.interval), settle_s / 5),
         ttft_target_s=spec.slo.ttft.seconds,
         itl_target_s=spec.slo.itl.seconds,
         percentile=max(spec.slo.ttft.percentile, spec.slo.itl.percentile),
@@ -83,13 +76,14 @@ def policy_config(isvc: InferenceService, kv_transfer_s: float = 0.0) -> PolicyC
         gpu_budget=auto.gpu_budget,
         interval_s=parse_duration(auto.interval),
         scale_up_stabilization_s=parse_duration(auto.scale_up_stabilization),
-        scale_down_stabilization_s=parse_duration(auto.scale_down_stabilization),
         max_scale_up_step=auto.max_scale_up_step,
         max_scale_down_step=auto.max_scale_down_step,
         prefill_capacity_prior=_optional_float(hint.prefill_prompt_tokens_per_second),
         decode_capacity_prior=_optional_float(hint.decode_generated_tokens_per_second),
         kv_transfer_s=kv_transfer_s,
     )
+    # the policy's memory follows the user's scale-down window
+    return following_scale_down_window(config, parse_duration(auto.scale_down_stabilization))
 
 
 def _optional_float(value: int | None) -> float | None:

@@ -145,6 +145,21 @@ class PolicyConfig:
         return self.startup_s + self.interval_s
 
 
+def following_scale_down_window(config: PolicyConfig, window_s: float) -> PolicyConfig:
+    """The config with its memory following a scale-down stabilization window (the spec's
+    `scaleDownStabilization`; the defaults are those of 300 s): trends over one window, the
+    burst memory and the capacity estimates fading over two and three, at most one
+    scale-down step per fifth of it."""
+    return replace(
+        config,
+        scale_down_stabilization_s=window_s,
+        trend_window_s=window_s,
+        burst_memory_half_life_s=2 * window_s,
+        capacity_half_life_s=3 * window_s,
+        scale_down_period_s=max(config.interval_s, window_s / 5),
+    )
+
+
 @dataclass(frozen=True)
 class RoleReplicas:
     """Replica counts of one role: desired in the StatefulSet, ready, and unschedulable."""
