@@ -59,7 +59,8 @@ BENCH_AUTOSCALE_ARGS ?= W1 W2 W3 S1
 # (lab/dynosim/setup.sh); its timing table is built there too, on first use.
 DYNOSIM_SETUP := lab/dynosim/setup.sh
 BENCH_DYNOSIM_ARGS ?= W1 W2 W3
-BENCH_HELDOUT_ARGS ?= H1 H2 H3 H4 H5
+BENCH_HELDOUT_ARGS ?= H1 H2 H3 H4 H5 H6 H7 H8 H9
+BENCH_HELDOUT_DYNOSIM_ARGS ?= H1 H2 H3 H4 H5 H6 H7 H8
 # The fault suite's full repetitions (docs/reliability.md); FAULTS_ARGS=--only router worker ...
 FAULTS_ARGS ?=
 
@@ -165,7 +166,7 @@ test: verify test-integration test-e2e test-scenarios test-drain test-image test
 
 bench-autoscale: $(STAMP) ## The autoscaler against baselines on the workloads (BENCH_AUTOSCALE_ARGS=W1 W2 W3 S1).
 	$(PY) -m pdfleet_lab.bench $(BENCH_AUTOSCALE_ARGS) --out docs/benchmarks/autoscale
-bench-autoscale-heldout: $(STAMP) ## The policy, fixed splits and the bound on held-out workloads H1-H5 (lab/src/pdfleet_lab/heldout.py).
+bench-autoscale-heldout: $(STAMP) ## The policy, fixed splits and the bound on held-out workloads H1-H9 (lab/src/pdfleet_lab/heldout.py).
 	$(PY) -m pdfleet_lab.bench $(BENCH_HELDOUT_ARGS) --only pdfleet,pdfleet-learned,fixed,clairvoyant \
 		--out docs/benchmarks/autoscale/heldout
 bench-autoscale-dynosim: ## pdfleet's policy, fixed splits and the bound in DynoSim (~20 min; BENCH_DYNOSIM_ARGS=W1 W2 W3).
@@ -173,10 +174,10 @@ bench-autoscale-dynosim: ## pdfleet's policy, fixed splits and the bound in Dyno
 	root=$$($(DYNOSIM_SETUP) --print-root) && RUST_LOG=warn "$$root/venv/bin/python" -m pdfleet_lab.dynosim \
 		$(BENCH_DYNOSIM_ARGS) --table "$$root/timing.npz" --work "$$root/work" \
 		--out docs/benchmarks/autoscale/dynosim
-bench-autoscale-heldout-dynosim: ## The held-out workloads in DynoSim (~40 min; BENCH_HELDOUT_ARGS=H1 ... H5).
+bench-autoscale-heldout-dynosim: ## The held-out workloads in DynoSim (~65 min; BENCH_HELDOUT_DYNOSIM_ARGS=H1 ... H8).
 	$(DYNOSIM_SETUP)
 	root=$$($(DYNOSIM_SETUP) --print-root) && RUST_LOG=warn "$$root/venv/bin/python" -m pdfleet_lab.dynosim \
-		$(BENCH_HELDOUT_ARGS) --table "$$root/timing.npz" --work "$$root/work" \
+		$(BENCH_HELDOUT_DYNOSIM_ARGS) --table "$$root/timing.npz" --work "$$root/work" \
 		--out docs/benchmarks/autoscale/heldout/dynosim
 bench-scale: $(STAMP) toolchain ## 1,000 InferenceServices on the local cluster, measured (BENCH_SCALE_ARGS=--services 100).
 	$(NETNS) $(PY) -m e2e.benchmarks.bench_scale $(BENCH_SCALE_ARGS)

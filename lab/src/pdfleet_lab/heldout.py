@@ -1,12 +1,14 @@
 """Held-out workloads: shapes and seeds the policy was never tuned on, built from the Azure traces.
 
-Where it fits: `make bench-autoscale-heldout` runs `python -m pdfleet_lab.bench H1 ... H5`;
+Where it fits: `make bench-autoscale-heldout` runs `python -m pdfleet_lab.bench H1 ... H9`;
 `bench.workload` builds each one here from `../shared/traces/azure/` (the sources of the
 shared W1-W3) with `traces.overlay` and `traces.poisson`, the recipes of
 `../shared/traces/workloads/README.md`; DynoSim (`make bench-autoscale-heldout-dynosim`)
 gets the same requests as a trace file (`dynosim.harness.trace_file`). They check that the
 policy's mechanisms, tuned against W1-W3 and S1, carry over to other bursts, ramps, steps
-and shifts; nothing here is used to choose a constant. Each name's first two characters
+and shifts; nothing here is used to choose a constant. H6-H9 were added later to probe
+shapes H1-H5 do not have (spikes recurring every 15 minutes, a prompt mix that flips back,
+a load one replica carries, a heavier overlay). Each name's first two characters
 key its SLO, as W1-W3's do.
 """
 
@@ -31,6 +33,13 @@ class Sources:
     code: Workload
 
 
+def _hour(
+    name: str, seed: int, rate_at: Callable[[float], float], sizes_at: Callable[[float], Workload]
+) -> Workload:
+    """An hour of Poisson arrivals at `rate_at(t)` requests/s, sizes from `sizes_at(t)`."""
+    return poisson(rate_at, sizes_at, HOUR_S, name=name, seed=seed)
+
+
 def _conv_x6(src: Sources) -> Workload:
     return overlay(src.conv, copies=6, seed=11, name="H1_conv_x6ov")
 
@@ -41,35 +50,55 @@ def _code_x3(src: Sources) -> Workload:
 
 def _shift_back(src: Sources) -> Workload:
     # W3 the other way round: code's long prompts first, then conversation's
-    return poisson(
-        lambda t: 40.0,
-        lambda t: src.code if t < HOUR_S / 2 else src.conv,
-        HOUR_S,
-        name="H3_shift_back",
-        seed=13,
+    return _hour(
+        "H3_shift_back", 13, lambda t: 40.0, lambda t: src.code if t < HOUR_S / 2 else src.conv
     )
 
 
 def _ramp(src: Sources) -> Workload:
     # a day's rise and fall in an hour: 10 -> 60 -> 10 requests/s
-    return poisson(
+    return _hour(
+        "H4_conv_ramp",
+        14,
         lambda t: 10.0 + 50.0 * math.sin(math.pi * t / HOUR_S) ** 2,
         lambda t: src.conv,
-        HOUR_S,
-        name="H4_conv_ramp",
-        seed=14,
     )
 
 
 def _step_down_up(src: Sources) -> Workload:
     # S1 the other way round: a lull of a tenth of the load, then the load back at once
-    return poisson(
-        lambda t: 3.0 if 1200.0 <= t < 2400.0 else 30.0,
-        lambda t: src.conv,
-        HOUR_S,
-        name="H5_step_down_up",
-        seed=15,
+    return _hour(
+        "H5_step_down_up", 15, lambda t: 3.0 if 1200.0 <= t < 2400.0 else 30.0, lambda t: src.conv
     )
+
+
+def _spikes(src: Sources) -> Workload:
+    # a one-minute spike of six times the load every 15 minutes: bursts shorter than a
+    # start-up that recur less often than the burst memory's half-life
+    return _hour(
+        "H6_spikes", 36, lambda t: 60.0 if 600.0 <= t % 900.0 < 660.0 else 10.0, lambda t: src.conv
+    )
+
+
+def _mix_flip(src: Sources) -> Workload:
+    # one request rate, the prompt mix flipping between conversation and code every 10 minutes
+    return _hour(
+        "H7_mix_flip", 38, lambda t: 25.0, lambda t: src.code if int(t // 600.0) % 2 else src.conv
+    )
+
+
+def _light_square(src: Sources) -> Workload:
+    # a load one prefill replica carries, alternating 30 and 3 requests/s every 5 minutes
+    return _hour(
+        "H8_light_square",
+        32,
+        lambda t: 30.0 if int(t // 300.0) % 2 == 0 else 3.0,
+        lambda t: src.conv,
+    )
+
+
+def _conv_x10(src: Sources) -> Workload:
+    return overlay(src.conv, copies=10, seed=35, name="H9_conv_x10ov")
 
 
 BUILDERS: dict[str, Callable[[Sources], Workload]] = {
@@ -78,6 +107,10 @@ BUILDERS: dict[str, Callable[[Sources], Workload]] = {
     "H3": _shift_back,
     "H4": _ramp,
     "H5": _step_down_up,
+    "H6": _spikes,
+    "H7": _mix_flip,
+    "H8": _light_square,
+    "H9": _conv_x10,
 }
 # (TTFT s, mean ITL s): code's long prompts get W2's tighter TTFT, the others W1's
 SLOS = {
@@ -86,6 +119,10 @@ SLOS = {
     "H3": (1.0, 0.015),
     "H4": (1.0, 0.015),
     "H5": (1.0, 0.015),
+    "H6": (1.0, 0.015),
+    "H7": (1.0, 0.015),
+    "H8": (1.0, 0.015),
+    "H9": (1.0, 0.015),
 }
 
 
@@ -98,5 +135,5 @@ def sources(azure_dir: Path) -> Sources:
 
 
 def build(name: str, azure_dir: Path) -> Workload:
-    """The held-out workload `name` (H1...H5), from the traces in `azure_dir`."""
+    """The held-out workload `name` (H1...H9), from the traces in `azure_dir`."""
     return BUILDERS[name](sources(azure_dir))

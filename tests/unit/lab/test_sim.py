@@ -110,6 +110,16 @@ def test_heldout_workloads_are_built_from_both_sources_with_their_slos() -> None
     lull = sum(1 for t in built["H5"].arrival_s if 1200 <= t < 2400)
     assert lull < 0.2 * sum(1 for t in built["H5"].arrival_s if t < 1200)
 
+    def rate(name: str, start: float, end: float) -> float:
+        return sum(1 for t in built[name].arrival_s if start <= t < end) / (end - start)
+
+    assert rate("H6", 1500, 1560) > 3 * rate("H6", 900, 1500)  # the spike every 15 minutes
+    flip = built["H7"]
+    sizes = {int(t // 600): i for t, i in zip(flip.arrival_s, flip.input_tokens, strict=True)}
+    assert [sizes[k] for k in range(6)] == [500, 3000] * 3
+    assert rate("H8", 300, 600) < 0.2 * rate("H8", 600, 900)
+    assert len(built["H9"]) > 9 * len(conv)
+
 
 def test_to_mooncake_round_trips_with_a_hash_id_per_block(tmp_path: Path) -> None:
     wl = traces.Workload("m", (0.25, 1.5), (512, 513), (7, 1))
