@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "calibration.json").write_text(json.dumps(cal, indent=1) + "\n")
     out: list[dict[str, Any]] = []
+    earlier = results_in(args.out)  # read before this run writes its own
     queue = harness.Queue()
     pending = [harness.bench_workload(t, queue, settings, args.work, timing) for t in traces]
     with ThreadPoolExecutor(args.jobs) as pool:
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             out.append(result)
             text = json.dumps(result, indent=1) + "\n"
             (args.out / f"{result['workload']}.json").write_text(text)
-            write_markdown(args.out / "results.md", with_earlier(args.out, out), cal)
+            write_markdown(args.out / "results.md", with_earlier(earlier, out), cal)
             print(results.markdown([result]), flush=True)
     for srv in harness._servers:
         srv.kill()
@@ -85,16 +86,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def with_earlier(out_dir: Path, done: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """This run's results and those an earlier run left in `out_dir` for other workloads,
-    by workload name: a run of some workloads updates their rows in `results.md` and keeps
-    the rest."""
-    by_name: dict[str, dict[str, Any]] = {}
+def results_in(out_dir: Path) -> dict[str, dict[str, Any]]:
+    """The results an earlier run left in `out_dir`, by workload."""
+    found: dict[str, dict[str, Any]] = {}
     for path in out_dir.glob("*.json"):
         if path.name != "calibration.json":
-            earlier = json.loads(path.read_text())
-            by_name[earlier["workload"]] = earlier
-    by_name.update((r["workload"], r) for r in done)
+            result = json.loads(path.read_text())
+            found[result["workload"]] = result
+    return found
+
+
+def with_earlier(
+    earlier: dict[str, dict[str, Any]], done: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """This run's results and an earlier run's for other workloads, by workload name: a run
+    of some workloads updates their rows in `results.md` and keeps the rest."""
+    by_name = {**earlier, **{r["workload"]: r for r in done}}
     return [by_name[name] for name in sorted(by_name)]
 
 
