@@ -315,6 +315,17 @@ def ratios(run: Mapping[str, Any], refs: Mapping[str, float | None]) -> dict[str
     return {k: run["gpu_hours"] / ref for k, ref in refs.items() if ref}
 
 
+def results_in(folder: Path) -> dict[str, dict[str, Any]]:
+    """The per-workload results (one JSON each) a benchmark run left in `folder`, by workload;
+    DynoSim's `calibration.json` beside them is not one."""
+    found: dict[str, dict[str, Any]] = {}
+    for path in folder.glob("*.json"):
+        if path.name != "calibration.json":
+            result = json.loads(path.read_text())
+            found[result["workload"]] = result
+    return found
+
+
 def _ratios(out: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Each pdfleet run's ratios to the cheapest fixed split and the clairvoyant bounds."""
     refs = references(out)

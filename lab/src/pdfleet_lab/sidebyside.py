@@ -17,14 +17,14 @@ below the cheapest fixed split reaching 95 %, no flap.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ATTAINMENT_TARGET = 0.95
+from pdfleet_lab.bench import TARGET, results_in
+
 # GPU-hours over the clairvoyant bound, by run: with the capacity hint, and learning online.
 BOUND_TARGETS = {"pdfleet": 1.15, "pdfleet-learned": 1.30}
 RUN_LABELS = {"pdfleet": "hint", "pdfleet-learned": "no hint"}
@@ -51,7 +51,7 @@ class Row:
         if self.attainment is None:
             return ("failed",)
         out = []
-        if self.attainment < ATTAINMENT_TARGET:
+        if self.attainment < TARGET:
             out.append("attainment")
         if self.vs_bound is not None and self.vs_bound > BOUND_TARGETS[self.run]:
             out.append("bound")
@@ -125,10 +125,8 @@ def collect(folder: Path) -> list[Row]:
     """Every policy row in a results folder: its own JSONs (FleetSim) and `dynosim/`'s."""
     out: list[Row] = []
     for simulator, sub in SIMULATORS:
-        for path in sorted((folder / sub).glob("*.json")):
-            result = json.loads(path.read_text())
-            if isinstance(result, dict) and "runs" in result:  # not calibration.json
-                out.extend(rows_of(result, simulator))
+        for result in results_in(folder / sub).values():
+            out.extend(rows_of(result, simulator))
     return out
 
 

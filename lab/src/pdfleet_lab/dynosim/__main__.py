@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "calibration.json").write_text(json.dumps(cal, indent=1) + "\n")
     out: list[dict[str, Any]] = []
-    earlier = results_in(args.out)  # read before this run writes its own
+    earlier = bench.results_in(args.out)  # read before this run writes its own
     queue = harness.Queue()
     pending = [harness.bench_workload(t, queue, settings, args.work, timing) for t in traces]
     with ThreadPoolExecutor(args.jobs) as pool:
@@ -84,16 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     print(results.markdown(out))
     print(f"done in {time.perf_counter() - t0:.0f} s")
     return 0
-
-
-def results_in(out_dir: Path) -> dict[str, dict[str, Any]]:
-    """The results an earlier run left in `out_dir`, by workload."""
-    found: dict[str, dict[str, Any]] = {}
-    for path in out_dir.glob("*.json"):
-        if path.name != "calibration.json":
-            result = json.loads(path.read_text())
-            found[result["workload"]] = result
-    return found
 
 
 def with_earlier(
