@@ -15,10 +15,12 @@ from pdfleet.autoscale.policy import (
     RoleMetrics,
     RoleReplicas,
     decide,
+    decode_burst_floor,
     fit_budget,
     least_squares_slope,
     metrics_problem,
     remember_burst,
+    remember_decode_burst,
     stabilize,
     trim_history,
 )
@@ -753,3 +755,63 @@ def test_decode_is_sized_on_the_requests_prefill_hands_over() -> None:
     d = decide(CFG, NOW, rr(3), rr(1), window(prefill, slowed))
     assert "decode: load 20000/s" in d.reasons[1], d.reasons
     assert d.recommended_decode == 5, d.reasons
+
+
+def _decode_bursts(*windows: tuple[float, float, bool, bool]) -> Capacity:
+    """Decode's burst memory after windows of (time, arriving tokens/s, ITL broken, a prompt
+    burst came back), at 10k tokens/s per replica."""
+    learned = Capacity()
+    for at, load, broke, came_back in windows:
+        learned = remember_decode_burst(learned, at, load, broke, came_back, 10_000.0, CFG)
+    return learned
+
+
+@pytest.mark.parametrize(
+    ("name", "later", "floor_at", "want"),
+    [
+        # a 25k burst breaks ITL at 1000: 3 replicas held whole for 600 s, then let go
+        ("held whole", [(1300.0, 2_000.0, False, False)], 1590.0, 3),
+        ("let go", [(1300.0, 2_000.0, False, False)], 1610.0, 0),
+        # a load that needs the floor again (above 2 replicas' 20k) renews the hold
+        ("renewed by load", [(1500.0, 21_000.0, False, False)], 2090.0, 3),
+        ("not renewed below", [(1500.0, 19_000.0, False, False)], 1610.0, 0),
+        # a prompt burst back after a lull re-arms the expired memory, for twice the hold
+        ("came back", [(1700.0, 2_000.0, False, True)], 2890.0, 3),
+        # a larger burst inside the hold raises it; a smaller one keeps the larger
+        ("larger", [(1200.0, 35_000.0, True, False)], 1790.0, 4),
+        ("smaller", [(1200.0, 15_000.0, True, False)], 1790.0, 3),
+        # after the hold let go, the new burst replaces the old one and doubles the hold
+        ("returned", [(1700.0, 15_000.0, True, False)], 2890.0, 2),
+    ],
+)
+def test_decode_burst_memory(
+    name: str, later: list[tuple[float, float, bool, bool]], floor_at: float, want: int
+) -> None:
+    learned = _decode_bursts((1000.0, 25_000.0, True, False), *later)
+    assert decode_burst_floor(learned, floor_at, 10_000.0) == want, (name, learned)
+
+
+def test_decode_burst_hold_has_a_reach() -> None:
+    returning = [(1000.0 + 5000 * i, 25_000.0, True, False) for i in range(6)]
+    learned = _decode_bursts(*returning)
+    assert learned.decode_burst_hold_s == 4 * CFG.burst_memory_half_life_s
+
+
+def test_decode_keeps_what_a_burst_that_broke_itl_needed() -> None:
+    # 30k generated tokens/s break ITL on one replica, then the load falls to 2k: the
+    # recommendation falls to one replica, decode stays at what the burst needed until the
+    # hold lets go, then shrinks one step per stabilization window.
+    broke = role(prompt=0.0, ttft=0.01, itl=0.030, gen=30_000.0, rate=150.0)
+    quiet = role(prompt=0.0, ttft=0.01, gen=2_000.0, rate=10.0)
+    history: list[Decision] = []
+    d = 1
+    for i in range(70):
+        at = NOW + 15 * i
+        m = window(peaky(5_000, 5_000), broke if i == 0 else quiet, at=at)
+        history.append(decide(CFG, at, rr(1), rr(d), m, tuple(history)))
+        d = history[-1].decode
+    peak = max(h.decode for h in history)
+    held = [h.decode for h in history[:40]]
+    assert held[1:] == [peak] * 39 and peak >= 4, [h.reasons for h in history[:3]]
+    assert any("that broke ITL needs" in r for r in history[20].reasons), history[20].reasons
+    assert history[-1].decode < peak, [h.reasons for h in history[-3:]]

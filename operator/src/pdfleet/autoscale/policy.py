@@ -19,7 +19,9 @@ has the details and the reasons:
 5. Scale down only on evidence: decode where the fitted ITL of the smaller pool stays well
    under target, prefill not below what the busiest recent burst needs (a decayed maximum,
    applied after stabilization so that it decays with its own half-life, which doubles
-   each time a burst that the memory let go of comes back and breaks the target).
+   each time a burst that the memory let go of comes back and breaks the target), decode
+   not below what the last burst that broke ITL needs, held whole (a decode pool collapses
+   rather than bends) for a hold that grows the same way.
 6. Feedback: a violating role never shrinks and gets at least one more replica than it has
    ready (replicas still starting count as that one), unless its queue is shrinking (a
    backlog being worked off). Without a capacity estimate, a queue growing so that a prompt
@@ -252,6 +254,11 @@ class Capacity:
     # whether the load fell to a lull since the memory last rose.
     burst_half_life_s: float | None = None
     lull: bool = False
+    # Decode's burst memory: the arriving generated tokens/s of the last burst that broke the
+    # ITL target, kept whole until `decode_burst_until_s`, for a hold bursts taught it.
+    decode_burst: float = 0.0
+    decode_burst_until_s: float | None = None
+    decode_burst_hold_s: float | None = None
 
     def get(self, role: Role) -> cap.RoleCapacity:
         return self.prefill if role == "prefill" else self.decode
@@ -899,6 +906,51 @@ def _down_limit(
     return min(planned, at) if at is not None and at > 0 else None
 
 
+def remember_decode_burst(
+    learned: Capacity,
+    at_s: float,
+    load: float,
+    broke: bool,
+    came_back: bool,
+    per_replica: float | None,
+    config: PolicyConfig,
+) -> Capacity:
+    """Fold a window's arriving decode load into decode's burst memory.
+
+    A decode pool that breaks the ITL target collapses rather than bends (the batch grows
+    with the latency, and the latency with the batch), so a burst it missed is remembered
+    whole, not decayed, for a hold that starts at `burst_memory_half_life_s`. A load that
+    needs the remembered floor again renews the hold, and so does a prompt burst that comes
+    back after a lull and breaks TTFT (`came_back`): a prefill pool that throttles a burst
+    hides it from decode. A burst that breaks either target after the hold let go doubles
+    it, up to `_BURST_MEMORY_REACH` times the configured one.
+    """
+    hold = learned.decode_burst_hold_s or config.burst_memory_half_life_s
+    until = learned.decode_burst_until_s
+    active = until is not None and at_s <= until
+    remembered = learned.decode_burst > 0
+    if (broke or came_back) and remembered and not active:
+        hold = min(2 * hold, _BURST_MEMORY_REACH * config.burst_memory_half_life_s)
+    if broke:
+        burst = max(load, learned.decode_burst) if active else load
+        return replace(
+            learned, decode_burst=burst, decode_burst_until_s=at_s + hold, decode_burst_hold_s=hold
+        )
+    floor = decode_burst_floor(learned, at_s, per_replica)
+    needed = per_replica is not None and floor > 0 and load > (floor - 1) * per_replica
+    if remembered and (came_back or needed):
+        return replace(learned, decode_burst_until_s=at_s + hold, decode_burst_hold_s=hold)
+    return learned
+
+
+def decode_burst_floor(learned: Capacity, at_s: float, per_replica: float | None) -> int:
+    """Decode replicas the remembered burst needs while its hold lasts, else 0."""
+    until = learned.decode_burst_until_s
+    if not per_replica or until is None or at_s > until:
+        return 0
+    return replicas_for(learned.decode_burst, per_replica)
+
+
 def burst_floor(
     config: PolicyConfig, learned: Capacity, capacity: float | None, limit: float | None
 ) -> int:
@@ -936,6 +988,13 @@ def decide(
         "prefill": _prefill_capacity(config, learned, views["prefill"].target),
         "decode": cap.capacity(learned.decode, views["decode"].target, config.prior("decode")),
     }
+    decode_per_replica = caps["decode"] and caps["decode"] * config.decode_target_utilization
+    dv = views["decode"]
+    pv = views["prefill"]
+    came_back = last_cap.lull and not learned.lull and pv.latency > pv.target
+    learned = remember_decode_burst(
+        learned, now_s, dv.peak, dv.latency > dv.target, came_back, decode_per_replica, config
+    )
     # what the current load needs, without the burst insurance below (also how far a role
     # may give GPUs up to a role that violates its target now)
     recs: dict[Role, int] = {}
@@ -991,6 +1050,10 @@ def decide(
         reasons.append(
             f"prefill: busiest recent burst {learned.prefill_busiest:.0f}/s needs {floor}"
         )
+    floor = decode_burst_floor(learned, now_s, decode_per_replica)
+    if stable["decode"] < floor:
+        stable["decode"] = floor
+        reasons.append(f"decode: burst {learned.decode_burst:.0f}/s that broke ITL needs {floor}")
     for r in ROLES:
         if stable[r] < current[r] and rising(r, views[r].demand, now_s, metrics.window_s, history):
             # a scale-down in the middle of a rise would be taken back within the window
