@@ -8,7 +8,8 @@ planner's throughput formula, every fixed P:D split that can matter and the clai
 bound (`oracle.py`; also its plan with the start-up paid, which splits the distance to the
 bound into start-up and the rest, and the plan that holds the target in every window), then
 prints a table and writes `<name>.json` and
-`<name>.png` per workload plus `results.md` into `--out`.
+`<name>.png` per workload plus `results.md` into `--out` (keeping the rows of workloads an
+earlier run left there, so that one workload can be run again alone).
 
 Attainment: share of requests whose TTFT and whose mean ITL ((e2e - TTFT) / (output - 1))
 both meet the SLO. GPU-hours: GPUs held (starting, ready, draining) over the trace.
@@ -326,6 +327,15 @@ def results_in(folder: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
+def with_earlier(
+    earlier: dict[str, dict[str, Any]], done: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """This run's results and an earlier run's for other workloads, by workload name: a run
+    of some workloads updates their rows in `results.md` and keeps the rest."""
+    by_name = {**earlier, **{r["workload"]: r for r in done}}
+    return [by_name[name] for name in sorted(by_name)]
+
+
 def _ratios(out: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Each pdfleet run's ratios to the cheapest fixed split and the clairvoyant bounds."""
     refs = references(out)
@@ -478,6 +488,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     wdir = args.workloads_dir or _default_workloads_dir()
     args.out.mkdir(parents=True, exist_ok=True)
+    earlier = results_in(args.out)  # read before this run writes its own
     results = []
     for spec in args.workloads:
         wl = workload(spec, wdir, args.speedup)
@@ -498,7 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         res["timeline_pdfleet"] = timelines.get("pdfleet", [])
         (args.out / f"{wl.name}.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
         results.append(res)
-    table = markdown(results)
+    table = markdown(with_earlier(earlier, results))
     (args.out / "results.md").write_text(table)
     print(table)
     return 0

@@ -15,7 +15,6 @@ import pytest
 from pdfleet.autoscale.policy import MetricsWindow, PolicyConfig, RoleReplicas
 from pdfleet_lab import bench, heldout
 from pdfleet_lab.baselines import PolicyController
-from pdfleet_lab.dynosim import __main__ as dynosim_main
 from pdfleet_lab.dynosim import harness, results, signals, ticker
 from pdfleet_lab.dynosim import table as tables
 from pdfleet_lab.exporter import EngineFamilies
@@ -361,7 +360,7 @@ def test_a_partial_run_keeps_the_rows_of_workloads_it_did_not_rerun(tmp_path: Pa
         (tmp_path / f"{name}.json").write_text(json.dumps({"workload": name, "gpu_h": gpu_hours}))
     (tmp_path / "calibration.json").write_text("[]")
     rerun = [{"workload": "H2_b", "gpu_h": 3.0}, {"workload": "H0_c", "gpu_h": 4.0}]
-    merged = dynosim_main.with_earlier(bench.results_in(tmp_path), rerun)
+    merged = bench.with_earlier(bench.results_in(tmp_path), rerun)
     assert [(r["workload"], r["gpu_h"]) for r in merged] == [
         ("H0_c", 4.0),
         ("H1_a", 1.0),

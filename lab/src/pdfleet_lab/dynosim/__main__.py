@@ -77,22 +77,13 @@ def main(argv: list[str] | None = None) -> int:
             out.append(result)
             text = json.dumps(result, indent=1) + "\n"
             (args.out / f"{result['workload']}.json").write_text(text)
-            write_markdown(args.out / "results.md", with_earlier(earlier, out), cal)
+            write_markdown(args.out / "results.md", bench.with_earlier(earlier, out), cal)
             print(results.markdown([result]), flush=True)
     for srv in harness._servers:
         srv.kill()
     print(results.markdown(out))
     print(f"done in {time.perf_counter() - t0:.0f} s")
     return 0
-
-
-def with_earlier(
-    earlier: dict[str, dict[str, Any]], done: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """This run's results and an earlier run's for other workloads, by workload name: a run
-    of some workloads updates their rows in `results.md` and keeps the rest."""
-    by_name = {**earlier, **{r["workload"]: r for r in done}}
-    return [by_name[name] for name in sorted(by_name)]
 
 
 def write_markdown(path: Path, out: list[dict[str, Any]], cal: list[dict[str, Any]]) -> None:
