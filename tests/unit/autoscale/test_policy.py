@@ -791,6 +791,13 @@ def test_decode_burst_memory(
     assert decode_burst_floor(learned, floor_at, 10_000.0) == want, (name, learned)
 
 
+def test_a_decode_burst_one_replica_carries_is_not_renewed_by_load() -> None:
+    # renewed on any load, it would outlive its hold, and a capacity estimate that later
+    # fell (7k a replica) would turn it back into two replicas
+    learned = _decode_bursts((1000.0, 8_000.0, True, False), (1500.0, 5_000.0, False, False))
+    assert decode_burst_floor(learned, 1610.0, 7_000.0) == 0, learned
+
+
 def test_decode_burst_hold_has_a_reach() -> None:
     returning = [(1000.0 + 5000 * i, 25_000.0, True, False) for i in range(6)]
     learned = _decode_bursts(*returning)

@@ -920,10 +920,11 @@ def remember_decode_burst(
     A decode pool that breaks the ITL target collapses rather than bends (the batch grows
     with the latency, and the latency with the batch), so a burst it missed is remembered
     whole, not decayed, for a hold that starts at `burst_memory_half_life_s`. A load that
-    needs the remembered floor again renews the hold, and so does a prompt burst that comes
-    back after a lull and breaks TTFT (`came_back`): a prefill pool that throttles a burst
-    hides it from decode. A burst that breaks either target after the hold let go doubles
-    it, up to `_BURST_MEMORY_REACH` times the configured one.
+    needs the remembered floor (of more than one replica) again renews the hold, and so
+    does a prompt burst that comes back after a lull and breaks TTFT (`came_back`): a
+    prefill pool that throttles a burst hides it from decode. A burst that breaks either
+    target after the hold let go doubles it, up to `_BURST_MEMORY_REACH` times the
+    configured one.
     """
     hold = learned.decode_burst_hold_s or config.burst_memory_half_life_s
     until = learned.decode_burst_until_s
@@ -936,8 +937,11 @@ def remember_decode_burst(
         return replace(
             learned, decode_burst=burst, decode_burst_until_s=at_s + hold, decode_burst_hold_s=hold
         )
+    # Only a floor above one replica is insurance a load can need again: one replica's
+    # renewal on any load would keep a stale burst that a lower capacity estimate
+    # later turns back into two.
     floor = decode_burst_floor(learned, at_s, per_replica)
-    needed = per_replica is not None and floor > 0 and load > (floor - 1) * per_replica
+    needed = per_replica is not None and floor > 1 and load > (floor - 1) * per_replica
     if remembered and (came_back or needed):
         return replace(learned, decode_burst_until_s=at_s + hold, decode_burst_hold_s=hold)
     return learned
