@@ -178,7 +178,7 @@ bench-autoscale-dynosim: $(STAMP) ## pdfleet's policy, fixed splits and the boun
 		$(BENCH_DYNOSIM_ARGS) --table "$$root/timing.npz" --work "$$root/work" \
 		--out docs/benchmarks/autoscale/dynosim
 	$(PY) -m pdfleet_lab.sidebyside docs/benchmarks/autoscale
-bench-autoscale-heldout-dynosim: $(STAMP) ## The held-out workloads in DynoSim (~65 min; BENCH_HELDOUT_DYNOSIM_ARGS=H1 ... H8).
+bench-autoscale-heldout-dynosim: $(STAMP) ## The held-out workloads in DynoSim (~15 min; BENCH_HELDOUT_DYNOSIM_ARGS=H1 ... H8).
 	$(DYNOSIM_SETUP)
 	root=$$($(DYNOSIM_SETUP) --print-root) && RUST_LOG=warn "$$root/venv/bin/python" -m pdfleet_lab.dynosim \
 		$(BENCH_HELDOUT_DYNOSIM_ARGS) --table "$$root/timing.npz" --work "$$root/work" \
