@@ -835,6 +835,12 @@ def _learn(
     return out
 
 
+def _lengthened(memory_s: float, config: PolicyConfig) -> float:
+    """A burst memory that let go before its burst came back: twice as long, up to
+    `_BURST_MEMORY_REACH` times the configured one."""
+    return min(2 * memory_s, _BURST_MEMORY_REACH * config.burst_memory_half_life_s)
+
+
 def remember_burst(
     learned: Capacity, at_s: float, peak: float, broke: bool, config: PolicyConfig
 ) -> Capacity:
@@ -853,7 +859,7 @@ def remember_burst(
     lull = learned.lull or peak < _LULL * kept
     if peak > kept:
         if lull and kept > 0 and broke:
-            half_life = min(2 * half_life, _BURST_MEMORY_REACH * config.burst_memory_half_life_s)
+            half_life = _lengthened(half_life, config)
         lull = False
     return replace(
         learned,
@@ -931,7 +937,7 @@ def remember_decode_burst(
     active = until is not None and at_s <= until
     remembered = learned.decode_burst > 0
     if (broke or came_back) and remembered and not active:
-        hold = min(2 * hold, _BURST_MEMORY_REACH * config.burst_memory_half_life_s)
+        hold = _lengthened(hold, config)
     if broke:
         burst = max(load, learned.decode_burst) if active else load
         return replace(
@@ -992,7 +998,7 @@ def decide(
         "prefill": _prefill_capacity(config, learned, views["prefill"].target),
         "decode": cap.capacity(learned.decode, views["decode"].target, config.prior("decode")),
     }
-    decode_per_replica = caps["decode"] and caps["decode"] * config.decode_target_utilization
+    decode_per_replica = caps["decode"] and caps["decode"] * config.utilization("decode")
     dv = views["decode"]
     pv = views["prefill"]
     came_back = last_cap.lull and not learned.lull and pv.latency > pv.target
