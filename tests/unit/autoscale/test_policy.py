@@ -485,11 +485,12 @@ def test_busiest_recent_burst_keeps_prefill_and_decays_with_its_own_half_life() 
     assert all(h.recommended_prefill == 1 for h in history[1:]), "floor is not a recommendation"
 
 
-def _bursts(*windows: tuple[float, float, bool]) -> Capacity:
-    """The burst memory after windows of (time, peak prompt rate, target broken)."""
+def _bursts(*windows: tuple[float, float, bool] | tuple[float, float, bool, int]) -> Capacity:
+    """The burst memory after windows of (time, peak prompt rate, target broken[, prefill
+    replicas ready: 2 unless given])."""
     learned = Capacity()
-    for at, peak, broke in windows:
-        learned = remember_burst(learned, at, peak, broke, CFG)
+    for at, peak, broke, *ready in windows:
+        learned = remember_burst(learned, at, peak, broke, ready[0] if ready else 2, CFG)
     return learned
 
 
@@ -509,6 +510,29 @@ def test_burst_memory_lasts_as_long_as_broken_bursts_recur(
     learned = _bursts((1000.0, 80_000.0, True), (1100.0, 5_000.0, False), second)
     assert learned.burst_half_life_s == half_life, name
     assert learned.prefill_busiest == pytest.approx(max(40_000.0, second[1])), name
+
+
+@pytest.mark.parametrize(
+    ("name", "ready_after", "half_life"),
+    [
+        # a prompt mix that flips from 55k to 30k tokens/s never falls to half of the
+        # memory, but the pool shrank from the 2 replicas that held the heavy mix to 1, and
+        # the heavy mix came back and broke the target: the memory let go too early
+        ("pool let go", 1, 1200.0),
+        ("pool kept", 2, 600.0),
+    ],
+)
+def test_a_pool_shrunk_below_the_burst_is_a_lull(
+    name: str, ready_after: int, half_life: float
+) -> None:
+    learned = _bursts(
+        (1000.0, 55_000.0, False, 2),
+        (1400.0, 30_000.0, False, 2),
+        (1600.0, 30_000.0, False, ready_after),
+        (1800.0, 53_000.0, True, ready_after),
+    )
+    assert learned.burst_half_life_s == half_life, name
+    assert learned.held_by == ready_after, name
 
 
 def test_burst_memory_needs_a_lull_and_has_a_reach() -> None:

@@ -250,10 +250,12 @@ class Capacity:
     prefill_bracket: cap.Bracket = field(default_factory=cap.Bracket)
     prefill_busiest: float = 0.0  # decayed maximum of the peak prompt rate
     busiest_at_s: float | None = None
-    # The burst memory's half-life as bursts taught it (None: the configured one), and
-    # whether the load fell to a lull since the memory last rose.
+    # The burst memory's half-life as bursts taught it (None: the configured one), whether
+    # the load fell to a lull since the memory last rose, and the most prefill replicas
+    # ready since the TTFT target last broke.
     burst_half_life_s: float | None = None
     lull: bool = False
+    held_by: int = 0
     # Decode's burst memory: the arriving generated tokens/s of the last burst that broke the
     # ITL target, kept whole until `decode_burst_until_s`, for a hold bursts taught it.
     decode_burst: float = 0.0
@@ -818,7 +820,9 @@ def _learn(
         )
         out = replace(out, prefill=state) if r == "prefill" else replace(out, decode=state)
     v = views["prefill"]
-    out = remember_burst(out, metrics.at_s, v.peak, v.latency > v.target, config)
+    out = remember_burst(
+        out, metrics.at_s, v.peak, v.latency > v.target, fleet["prefill"].ready, config
+    )
     if stable["prefill"]:
         bracket = cap.observe_bracket(
             last.prefill_bracket,
@@ -842,23 +846,27 @@ def _lengthened(memory_s: float, config: PolicyConfig) -> float:
 
 
 def remember_burst(
-    learned: Capacity, at_s: float, peak: float, broke: bool, config: PolicyConfig
+    learned: Capacity, at_s: float, peak: float, broke: bool, ready: int, config: PolicyConfig
 ) -> Capacity:
     """Fold a window's peak prompt rate into the burst memory (a decayed maximum).
 
     The memory's half-life starts at the configured one and doubles, up to
-    `_BURST_MEMORY_REACH` times it, each time a burst comes back after a lull above what the
-    memory had kept and breaks the target (`broke`): the memory had let go faster than
-    the bursts recur. Bursts that come back and are held, or a load that rises without a
-    lull, leave it as it is.
+    `_BURST_MEMORY_REACH` times it, each time a burst comes back above what the memory had
+    kept and breaks the target (`broke`) after the memory let go: the load fell to a lull
+    (under half of what the memory kept), or the pool shrank below the most replicas
+    that were `ready` since the target last broke. Bursts that come back and are held, or a
+    load that rises while the pool serving it stands, leave it as it is.
     """
     half_life = learned.burst_half_life_s or config.burst_memory_half_life_s
     kept = learned.prefill_busiest
     if learned.busiest_at_s is not None:
         kept *= cap.fade(at_s - learned.busiest_at_s, half_life)
     lull = learned.lull or peak < _LULL * kept
+    # a prompt mix that flips between heavy and light never falls to half, but a pool
+    # shrunk below the one that held since the last break is the same letting go
+    shrunk = ready < learned.held_by
     if peak > kept:
-        if lull and kept > 0 and broke:
+        if (lull or shrunk) and kept > 0 and broke:
             half_life = _lengthened(half_life, config)
         lull = False
     return replace(
@@ -867,6 +875,7 @@ def remember_burst(
         busiest_at_s=at_s,
         burst_half_life_s=half_life,
         lull=lull,
+        held_by=ready if broke else max(learned.held_by, ready),
     )
 
 
