@@ -129,12 +129,16 @@ def deployed_engine_service(
 
 #: The warm-up's longest prompt, in words (the tiny tokenizer makes about one token each).
 WARM_UP_WORDS = (8, 300)
+#: Tries per warm-up request: the first request of a shape can fault on its own (below).
+WARM_UP_TRIES = 3
 
 
 def warm_up(service: Service) -> None:
     """A few requests of each kind through the router, then idle engines. A CPU engine's
     first requests of a shape compile kernels for seconds; on a loaded machine a decode
-    then reads its KV after the prefill's 30 s lease, which the tests count as a fault."""
+    then reads its KV after the prefill's 30 s lease, which the tests count as a fault.
+    Such a request is tried again here, since a warm-up exists to absorb it; one that
+    fails every try stops the tier with the router's answer and the engines' errors."""
     body = {"model": SERVED_MODEL, "max_tokens": 8, "ignore_eos": True}
     with httpx.Client(timeout=300) as http:
         for words in WARM_UP_WORDS:
@@ -144,11 +148,39 @@ def warm_up(service: Service) -> None:
                 ("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}]}),
             ):
                 for stream in (False, True):
-                    url = f"{service.router()}{path}"
-                    http.post(url, json={**body, **extra, "stream": stream}).raise_for_status()
+                    request = {**body, **extra, "stream": stream}
+                    _warm_up_request(http, f"{service.router()}{path}", request, service.log_dir)
     wait_engines_idle(
         {**pod_urls(service, labels.ROLE_PREFILL), **pod_urls(service, labels.ROLE_DECODE)}
     )
+
+
+def _warm_up_request(http: httpx.Client, url: str, request: dict[str, Any], logs: Path) -> None:
+    answers = []
+    for _ in range(WARM_UP_TRIES):
+        response = http.post(url, json=request)
+        if response.is_success:
+            return
+        answers.append(f"{response.status_code} {response.text[:400]}")
+        time.sleep(2.0)
+    raise RuntimeError(
+        f"warm-up POST {url} (stream={request['stream']}) failed {WARM_UP_TRIES} times: "
+        + " | ".join(answers)
+        + "\n"
+        + error_lines(logs)
+    )
+
+
+def error_lines(log_dir: Path, per_file: int = 12) -> str:
+    """The last error lines of every router and engine log the bridge kept under `log_dir`:
+    what a failure message carries when the logs themselves will not outlive the run."""
+    excerpts = []
+    for log in sorted(log_dir.glob("*/*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        errors = [line for line in lines if "ERROR" in line or "Error" in line]
+        if errors:
+            excerpts.append(f"--- {log.parent.name}/{log.name}\n" + "\n".join(errors[-per_file:]))
+    return "\n".join(excerpts) or f"(no error lines in the logs under {log_dir})"
 
 
 @dataclass(frozen=True)
