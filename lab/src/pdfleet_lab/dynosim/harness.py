@@ -415,7 +415,8 @@ def bench_workload(
             "clairvoyant": _bound_json(cv),
             "clairvoyant_from_initial": _bound_json(from_initial),
             "clairvoyant_every_window": _bound_json(every_window),
-            "split_runs": split_log,
+            # replays finish in whatever order the queue ran them; sorted, a rerun diffs clean
+            "split_runs": sorted(split_log, key=lambda r: (r["trace"], r["prefill"], r["decode"])),
         }
         refs = bench.references(out)
         out["ratios"] = {name: bench.ratios(run, refs) for name, run in out["runs"].items()}
