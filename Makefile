@@ -171,6 +171,9 @@ bench-autoscale-heldout: $(STAMP) ## The policy, fixed splits and the bound on h
 	$(PY) -m pdfleet_lab.bench $(BENCH_HELDOUT_ARGS) --only pdfleet,pdfleet-learned,fixed,clairvoyant \
 		--out docs/benchmarks/autoscale/heldout
 	$(PY) -m pdfleet_lab.sidebyside docs/benchmarks/autoscale/heldout
+bench-autoscale-probes: $(STAMP) ## Probe workloads built to show one failure each (P1: long-context prompts).
+	$(PY) -m pdfleet_lab.bench P1 --only pdfleet,pdfleet-learned,fixed,clairvoyant \
+		--out docs/benchmarks/autoscale/probes
 bench-autoscale-all: bench-autoscale bench-autoscale-dynosim ## Both simulators on W1-W3 (~30 min); simulators.md puts them side by side.
 bench-autoscale-dynosim: $(STAMP) ## pdfleet's policy, fixed splits and the bound in DynoSim (~20 min; BENCH_DYNOSIM_ARGS=W1 W2 W3).
 	$(DYNOSIM_SETUP)
@@ -195,4 +198,4 @@ test-faults: $(STAMP) toolchain ## The fault suite: tests/e2e/faults, then the f
 demo: $(STAMP) toolchain ## The demo fleet rebalancing itself under a load shift (DEMO_ARGS=--keep).
 	$(NETNS) $(PY) -m e2e.scenarios.demo $(DEMO_ARGS)
 
-.PHONY: help install toolchain engine registry registry-path kstatus kstatus-path test-image test-engine manifests lint test-unit verify test-integration test-e2e test-scenarios test-drain test-faults test demo bench-scale bench-activator bench-autoscale bench-autoscale-heldout bench-autoscale-all bench-autoscale-dynosim bench-autoscale-heldout-dynosim
+.PHONY: help install toolchain engine registry registry-path kstatus kstatus-path test-image test-engine manifests lint test-unit verify test-integration test-e2e test-scenarios test-drain test-faults test demo bench-scale bench-activator bench-autoscale bench-autoscale-heldout bench-autoscale-probes bench-autoscale-all bench-autoscale-dynosim bench-autoscale-heldout-dynosim

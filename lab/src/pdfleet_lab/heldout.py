@@ -10,6 +10,9 @@ and shifts; nothing here is used to choose a constant. H6-H9 were added later to
 shapes H1-H5 do not have (spikes recurring every 15 minutes, a prompt mix that flips back,
 a load one replica carries, a heavier overlay). Each name's first two characters
 key its SLO, as W1-W3's do.
+
+P1 is not held out: a probe built to show one failure (`make bench-autoscale-probes`), a
+share of long-context prompts whose own prefill time is over the TTFT target.
 """
 
 from __future__ import annotations
@@ -101,6 +104,24 @@ def _conv_x10(src: Sources) -> Workload:
     return overlay(src.conv, copies=10, seed=35, name="H9_conv_x10ov")
 
 
+def _long_context(src: Sources) -> Workload:
+    # conversation at 12 requests/s, every eighth request with 24,000 tokens of retrieved
+    # context in front of its prompt: under W2's 0.5 s TTFT target those prompts miss on
+    # their own prefill time however many replicas there are
+    with_context = Workload(
+        name="conv_with_context",
+        arrival_s=src.conv.arrival_s,
+        input_tokens=tuple(
+            n + (LONG_CONTEXT_TOKENS if i % 8 == 0 else 0)
+            for i, n in enumerate(src.conv.input_tokens)
+        ),
+        output_tokens=src.conv.output_tokens,
+    )
+    return _hour("P1_long_context", 41, lambda t: 12.0, lambda t: with_context)
+
+
+LONG_CONTEXT_TOKENS = 24_000
+
 BUILDERS: dict[str, Callable[[Sources], Workload]] = {
     "H1": _conv_x6,
     "H2": _code_x3,
@@ -111,6 +132,7 @@ BUILDERS: dict[str, Callable[[Sources], Workload]] = {
     "H7": _mix_flip,
     "H8": _light_square,
     "H9": _conv_x10,
+    "P1": _long_context,
 }
 # (TTFT s, mean ITL s): code's long prompts get W2's tighter TTFT, the others W1's
 SLOS = {
@@ -123,6 +145,7 @@ SLOS = {
     "H7": (1.0, 0.015),
     "H8": (1.0, 0.015),
     "H9": (1.0, 0.015),
+    "P1": (0.5, 0.015),
 }
 
 

@@ -119,6 +119,9 @@ def test_heldout_workloads_are_built_from_both_sources_with_their_slos() -> None
     assert [sizes[k] for k in range(6)] == [500, 3000] * 3
     assert rate("H8", 300, 600) < 0.2 * rate("H8", 600, 900)
     assert len(built["H9"]) > 9 * len(conv)
+    long = sum(1 for i in built["P1"].input_tokens if i == 500 + heldout.LONG_CONTEXT_TOKENS)
+    assert set(built["P1"].input_tokens) == {500, 500 + heldout.LONG_CONTEXT_TOKENS}
+    assert 0.08 < long / len(built["P1"]) < 0.17  # every eighth prompt of the sources
 
 
 def test_to_mooncake_round_trips_with_a_hash_id_per_block(tmp_path: Path) -> None:
