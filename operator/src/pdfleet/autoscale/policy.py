@@ -307,21 +307,6 @@ class _RoleView:
     # ITL. The percentile is read from buckets, and its steps inside one bucket would read
     # as a slope; the mean is exact, and it moves with the load as the percentile does.
     learned_latency: float | None = None
-    # Prefill: no prompt waited behind another through the window (fewer than one waiting on
-    # average, the queue not growing). A TTFT over target is then the prompts' own prefill
-    # time (long prompts), which more replicas do not shorten: a saturated batching engine
-    # queues what it cannot take.
-    unqueued: bool = False
-
-    @property
-    def violating(self) -> bool:
-        """Over target for a reason more replicas answer."""
-        return self.latency > self.target and not self.unqueued
-
-    @property
-    def own_time_over_target(self) -> bool:
-        """Over target with no queue: the requests' own service time is the latency."""
-        return self.latency > self.target and self.unqueued
 
     @property
     def catching_up(self) -> bool:
@@ -437,10 +422,6 @@ def _views(
             mean_prompt=mean_prompt,
             peak=max(peak, arriving),
             queued=queued,
-            # both queue signals needed: without its growth a queue may be forming unseen
-            unqueued=p.num_requests_waiting < 1
-            and _finite(p.waiting_growth)
-            and p.waiting_growth <= 0,
         ),
         "decode": _RoleView(
             demand=decode_arriving,
@@ -571,7 +552,7 @@ def forecast(
     if role == "prefill" and view.mean_prompt > 0:
         # while the target is broken the peak is taken as sustained (the mean lags a step by
         # a whole window)
-        arriving = view.peak if view.violating else view.demand
+        arriving = view.peak if view.latency > view.target else view.demand
         # the backlog a replica started now finds when it is ready: the prompts queued now,
         # plus the excess over the ready replicas until those already starting are ready,
         # then over all of them (negative: the backlog is being worked off)
@@ -607,7 +588,7 @@ def recommend(
     through the window (`settled`) and the queue is not shrinking: else the latency is that
     of a pool that has changed since, or of a backlog already being worked off.
     """
-    violating = view.violating
+    violating = view.latency > view.target
     if capacity is None:
         # Feedback-only until the capacity is known: +1 on violation; down to what a load per
         # replica seen holding the target (`down_limit`) says suffices, else -1 when far below.
@@ -648,11 +629,6 @@ def recommend(
     elif violating:
         n = max(n, current, ready + 1)
         why += f"; latency {view.latency:.3f}s over target {view.target:.3f}s"
-    elif view.own_time_over_target:
-        why += (
-            f"; latency {view.latency:.3f}s over target {view.target:.3f}s with nothing queued:"
-            " the requests' own service time, which more replicas do not shorten"
-        )
     return n, why
 
 
@@ -829,10 +805,6 @@ def _learn(
         if not stable[r]:
             continue
         v = views[r]
-        if v.own_time_over_target:
-            # the prompts' own time, not a queue: nothing about how close the pool is to full
-            # (counted as holding, it let a pool shrink onto a load it then queued at)
-            continue
         state = last.get(r)
         # "loaded" is judged against the larger of belief and prior, so that an early
         # low estimate cannot make every burst look like a capacity limit
@@ -848,8 +820,10 @@ def _learn(
         )
         out = replace(out, prefill=state) if r == "prefill" else replace(out, decode=state)
     v = views["prefill"]
-    out = remember_burst(out, metrics.at_s, v.peak, v.violating, fleet["prefill"].ready, config)
-    if stable["prefill"] and not v.own_time_over_target:  # as for the queue fit above
+    out = remember_burst(
+        out, metrics.at_s, v.peak, v.latency > v.target, fleet["prefill"].ready, config
+    )
+    if stable["prefill"]:
         bracket = cap.observe_bracket(
             last.prefill_bracket,
             metrics.at_s,
@@ -1036,9 +1010,9 @@ def decide(
     decode_per_replica = caps["decode"] and caps["decode"] * config.utilization("decode")
     dv = views["decode"]
     pv = views["prefill"]
-    came_back = last_cap.lull and not learned.lull and pv.violating
+    came_back = last_cap.lull and not learned.lull and pv.latency > pv.target
     learned = remember_decode_burst(
-        learned, now_s, dv.peak, dv.violating, came_back, decode_per_replica, config
+        learned, now_s, dv.peak, dv.latency > dv.target, came_back, decode_per_replica, config
     )
     # what the current load needs, without the burst insurance below (also how far a role
     # may give GPUs up to a role that violates its target now)
@@ -1104,7 +1078,7 @@ def decide(
             # a scale-down in the middle of a rise would be taken back within the window
             stable[r] = current[r]
             reasons.append(f"{r}: demand rising, not shrinking")
-    violating = {r: views[r].violating for r in ROLES}
+    violating = {r: views[r].latency > views[r].target for r in ROLES}
     for r in ROLES:
         window = config.scale_down_stabilization_s
         if stable[r] > current[r] and not violating[r] and moved(r, -1, now_s, window, history):
