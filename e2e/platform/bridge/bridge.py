@@ -108,6 +108,16 @@ class Bridge:
             timeline=dict(worker.timeline),
         )
 
+    def stop_container(self, namespace: str, name: str) -> None:
+        """Stop the pod's main container as kubelet does for a restart (see
+        ``PodWorker.stop_main_container``): the way to SIGTERM an engine mid-request
+        without its liveness probe killing it while it drains."""
+        with self._lock:
+            worker = self._workers_by_key().get(f"{namespace}/{name}")
+        if worker is None:
+            raise LookupError(f"no live pod {namespace}/{name}")
+        worker.stop_main_container()
+
     def _workers_by_key(self) -> dict[str, PodWorker]:
         return {w.key: w for w in self._workers.values()}
 

@@ -90,6 +90,8 @@ class ContainerRun:
     view: ContainerView
     popen: subprocess.Popen[bytes] | None = None
     restart_at: float | None = None
+    #: Set while kubelet stops the container to restart it: SIGKILL falls due then.
+    kill_at: float | None = None
     _log: IO[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -157,6 +159,11 @@ class ContainerRun:
         except subprocess.TimeoutExpired:
             return False
         return True
+
+    def begin_stop(self, grace_s: float, now: float) -> None:
+        """SIGTERM now; the supervisor sends SIGKILL at ``kill_at`` if it is still running."""
+        self.kill_at = now + grace_s
+        self.signal(signal.SIGTERM)
 
     def stop(self, grace_s: float) -> int | None:
         """SIGTERM, then SIGKILL after ``grace_s``; the exit code."""

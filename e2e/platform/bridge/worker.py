@@ -251,8 +251,13 @@ class PodWorker(threading.Thread):
             return
         code = c.exited()
         if code is not None:
+            c.kill_at = None
             self._on_exit(c, code, restart_policy, now)
             return
+        if c.kill_at is not None and now >= c.kill_at:
+            c.event("grace period over: SIGKILL")
+            c.signal(signal.SIGKILL)
+            c.kill_at = float("inf")  # one SIGKILL; still stopping until its exit is seen
         self._probe(c, now)
 
     def _on_exit(self, c: ContainerRun, code: int, restart_policy: str, now: float) -> None:
@@ -299,7 +304,9 @@ class PodWorker(threading.Thread):
                     c.event(f"startup probe failed: {why}")
                     self._kill_for_restart(c)
             return
-        if c.liveness is not None and c.liveness.due(now):
+        # Like kubelet: a container being stopped gets no liveness probe (it would only
+        # cut its drain short), while readiness is still probed.
+        if c.kill_at is None and c.liveness is not None and c.liveness.due(now):
             ok, why = probe_once(c.liveness.probe, self.pod_ip, env, cwd)
             if c.liveness.observe(ok, time.time()) and not c.liveness.ok:
                 c.event(f"liveness probe failed: {why}")
@@ -314,8 +321,20 @@ class PodWorker(threading.Thread):
                 c.view = replace(c.view, ready=c.readiness.ok)
 
     def _kill_for_restart(self, c: ContainerRun) -> None:
-        grace = float(self.pod["spec"].get("terminationGracePeriodSeconds", 30))
-        c.stop(grace_s=min(grace, 5.0))
+        # Capped: a liveness kill of a pod with a drain-length grace period would stall
+        # the test that provoked it.
+        c.begin_stop(min(self._grace_s(), 5.0), time.time())
+
+    def stop_main_container(self) -> None:
+        """Stop the first container the way kubelet stops one it restarts: SIGTERM, no
+        liveness probe meanwhile, SIGKILL after the pod's grace period; it then restarts
+        under the pod's restartPolicy."""
+        if self.containers and self.containers[0].running():
+            self.containers[0].begin_stop(self._grace_s(), time.time())
+            self.changed.set()
+
+    def _grace_s(self) -> float:
+        return float(self.pod["spec"].get("terminationGracePeriodSeconds", 30))
 
     def _write_status(self) -> None:
         views = tuple(c.view for c in self.containers)

@@ -7,7 +7,6 @@ compared and what differs on purpose). Any new divergence fails here.
 from __future__ import annotations
 
 import json
-import os
 import signal
 from pathlib import Path
 
@@ -47,16 +46,18 @@ def test_a_draining_simulator_answers_as_a_draining_engine(
     """SIGTERM with a stream in flight: vLLM refuses a new request with HTTP 500 ("cannot
     schedule new futures after shutdown") while /health and /metrics still answer 200 and
     the stream ends complete; the simulator must answer the same. The decode pod's engine
-    stops here (the bridge restarts it); every test waits for the pools it needs."""
+    is stopped as kubelet stops a container (no liveness probe cuts its drain short) and
+    restarted; every test waits for the pools it needs."""
     wait_serving(service)
     (prefill_pod,) = service.role_pods(labels.ROLE_PREFILL)
     decode_pod = service.role_pods(labels.ROLE_DECODE)[0]
     name = decode_pod["metadata"]["name"]
     url = pod_urls(service, labels.ROLE_DECODE)[name]
-    process = service.bridge.process(service.namespace, name) if service.bridge else None
-    assert process is not None and process.pid is not None, name
-    pid = process.pid
-    real = drain_answers(url, SERVED_MODEL, lambda: os.kill(pid, signal.SIGTERM), pace.timeout_s())
+    bridge = service.bridge
+    assert bridge is not None
+    real = drain_answers(
+        url, SERVED_MODEL, lambda: bridge.stop_container(service.namespace, name), pace.timeout_s()
+    )
     with sim_pair(prefill_pod, decode_pod, tmp_path) as pair:
         sim = drain_answers(
             pair.decode, SERVED_MODEL, lambda: pair.decode_process.send_signal(signal.SIGTERM)

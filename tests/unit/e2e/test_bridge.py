@@ -7,16 +7,19 @@ so a renderer change that the bridge cannot run shows up here first.
 from __future__ import annotations
 
 import ast
+import socket
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml
 
-from e2e.platform.bridge import commands, environment, pods, probes, settings
+from e2e.platform.bridge import commands, containers, environment, pods, probes, settings, worker
 from e2e.platform.cluster import REPO_ROOT
 from pdfleet.api.v1alpha1 import InferenceService
 from pdfleet.render import render_children
@@ -404,6 +407,72 @@ def test_restart_backoff_and_grace_deadline() -> None:
     assert pods.grace_deadline(pod, now=0.0) == pods.parse_time("2026-01-01T00:05:40Z")
     assert pods.grace_deadline({"metadata": {}}, now=12.0) == 12.0
     assert pods.rfc3339(pods.parse_time("2026-01-01T00:05:40Z") or 0) == "2026-01-01T00:05:40Z"
+
+
+# -- supervising a container -----------------------------------------------------------------
+
+#: A process that outlives SIGTERM, as an engine draining a long request does.
+DRAINING = (sys.executable, "-c", "import signal, time; signal.signal(15, lambda *a: None); "
+            "print('draining', flush=True); time.sleep(60)")  # fmt: skip
+
+
+def supervised(tmp_path: Path, grace_s: int) -> tuple[worker.PodWorker, containers.ContainerRun]:
+    """A pod worker with one started container whose liveness probe always fails (nothing
+    listens on its port), probed at every look."""
+    config = settings.BridgeSettings(kubeconfig=tmp_path / "kubeconfig", log_dir=tmp_path)
+    pod = {"metadata": {"name": "p-0", "namespace": "ns1", "uid": "uid-1"},
+           "spec": {"terminationGracePeriodSeconds": grace_s}}  # fmt: skip
+    w = worker.PodWorker(SimpleNamespace(settings=config), pod)  # type: ignore[arg-type]
+    w.pod_ip = "127.0.0.1"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    dead = probes.Probe("tcp", port=closed_port, period_s=0.0, failure_threshold=1)
+    c = containers.ContainerRun(
+        spec={"name": "vllm"},
+        command=commands.LocalCommand(argv=DRAINING, env={"PATH": "/usr/bin:/bin"}),
+        log_path=tmp_path / "vllm.log",
+        events_path=tmp_path / "vllm.events",
+        startup=None,
+        readiness=None,
+        liveness=probes.ProbeTracker(dead),
+        view=pods.ContainerView(name="vllm", image="x"),
+    )
+    c.start(tmp_path)
+    w.containers.append(c)
+    deadline = time.time() + 30
+    while "draining" not in c.log_path.read_text().splitlines() and time.time() < deadline:
+        time.sleep(0.02)  # its SIGTERM handler is in place
+    return w, c
+
+
+def look_until_restart(w: worker.PodWorker, c: containers.ContainerRun) -> float:
+    """Supervise until the container exits and is scheduled to restart; seconds taken."""
+    t0 = time.time()
+    while c.restart_at is None and time.time() - t0 < 30:
+        w._check_container(c, "Always", time.time())
+        time.sleep(0.05)
+    return time.time() - t0
+
+
+def test_a_failing_liveness_probe_restarts_the_container(tmp_path: Path) -> None:
+    w, c = supervised(tmp_path, grace_s=1)
+    look_until_restart(w, c)
+    events = c.events_path.read_text()
+    assert "liveness probe failed" in events and "grace period over: SIGKILL" in events, events
+    assert c.view.last_exit is not None and c.view.last_exit[0] == 137
+
+
+def test_a_container_being_stopped_gets_no_liveness_probe(tmp_path: Path) -> None:
+    """Its drain runs to the pod's grace period however its probes fare."""
+    w, c = supervised(tmp_path, grace_s=2)
+    w.stop_main_container()
+    took = look_until_restart(w, c)
+    events = c.events_path.read_text()
+    assert "liveness probe failed" not in events, events
+    assert "grace period over: SIGKILL" in events and took >= 1.9, (took, events)
+    assert c.view.restart_count == 1 and c.view.last_exit is not None
+    assert c.view.last_exit[0] == 137
 
 
 # -- the command line ------------------------------------------------------------------------
