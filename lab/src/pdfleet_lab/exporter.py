@@ -1,14 +1,15 @@
 """What a simulated engine's /metrics page shows, scraped into the benchmark's Prometheus.
 
 Where it fits: `pdfleet_lab.sim.FleetSim` keeps one `EngineFamilies` per worker, records into
-it where vLLM would (a request's first token, each decode step, a finished request), and at
-the scrape interval writes its families into `pdfleet_lab.tsdb.SimPrometheus` with the labels
-the shipped scrape configuration gives a worker's series. The families, their buckets and
-who counts what follow vLLM 0.33 in P/D mode as `pdfleet_worker.sim.metrics` does (held to
-the real engine in tests/e2e/engine): the prefill engine counts the prompt, observes TTFT
-and finishes each request after one token; the decode engine counts the prompt again (as
-external KV), observes its own TTFT, every inter-token latency and the request's time per
-output token. Decode steps are a fluid in the simulator, so counts may be fractional.
+it where vLLM would (a request's first step and first token, each decode step, a finished
+request), and at the scrape interval writes its families into `pdfleet_lab.tsdb.SimPrometheus`
+with the labels the shipped scrape configuration gives a worker's series. The families, their
+buckets and who counts what follow vLLM 0.33 in P/D mode as `pdfleet_worker.sim.metrics` does
+(held to the real engine in tests/e2e/engine): the prefill engine counts the prompt, observes
+each request's wait in its queue and its TTFT, and finishes each request after one token; the
+decode engine counts the prompt again (as external KV), observes its own TTFT, every
+inter-token latency and the request's time per output token. Decode steps are a fluid in the
+simulator, so counts may be fractional.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import math
 
 from pdfleet.autoscale import promql
 from pdfleet_lab.tsdb import SimPrometheus
-from pdfleet_worker.launcher import AGENT_ITL_BUCKETS
+from pdfleet_worker.launcher import AGENT_ITL_BUCKETS, AGENT_REQUEST_LATENCY_BUCKETS
 from pdfleet_worker.sim.metrics import TTFT_BUCKETS
 
 NAMESPACE = "bench"
@@ -65,6 +66,11 @@ class EngineFamilies:
         # (--custom-histogram-buckets): per-token ITL and the request's time per output token.
         self.itl = Histogram(AGENT_ITL_BUCKETS)
         self.tpot = Histogram(AGENT_ITL_BUCKETS)
+        self.queue_time = Histogram(AGENT_REQUEST_LATENCY_BUCKETS)
+
+    def scheduled(self, waited_s: float) -> None:
+        """A request's first step, after `waited_s` in the queue."""
+        self.queue_time.observe(waited_s)
 
     def first_token(self, ttft_s: float, prompt_tokens: int) -> None:
         self.ttft.observe(ttft_s)
@@ -91,3 +97,4 @@ class EngineFamilies:
         self.ttft.scrape(store, promql.TTFT, labels, t)
         self.itl.scrape(store, promql.ITL, labels, t)
         self.tpot.scrape(store, promql.TPOT, labels, t)
+        self.queue_time.scrape(store, promql.QUEUE_TIME, labels, t)

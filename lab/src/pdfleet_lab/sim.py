@@ -397,6 +397,8 @@ class FleetSim:
         tokens = 0
         for item in w.queue:
             take = min(item[1], budget - tokens)
+            if take > 0 and item[1] == self.isl[item[0]]:  # its first step
+                self.engines[w.idx].scheduled(self.now - self.arrival[item[0]])
             tokens += take
             if tokens >= budget:
                 break

@@ -169,6 +169,7 @@ PREFILL_SIGNALS = (
     "num_requests_waiting",
     "waiting_growth",
     "kv_cache_usage",
+    "queue_time_s",
 )
 DECODE_SIGNALS = (
     "ttft_s",

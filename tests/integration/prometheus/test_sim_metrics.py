@@ -264,6 +264,8 @@ def test_every_role_query_is_finite_and_sensible(loaded: Loaded) -> None:
     assert p.generation_tokens_rate / p.request_rate == pytest.approx(1, rel=0.01)
     assert d.generation_tokens_rate / d.request_rate == pytest.approx(OUTPUT_TOKENS, rel=0.01)
     assert math.isfinite(p.ttft_s) and math.isfinite(d.itl_s)
+    # Nothing waited behind another request: the wait is inside vLLM's first bucket (0.3 s).
+    assert 0 <= p.queue_time_s < 0.3, p.queue_time_s
     # The decode's TTFT is the KV pull plus the recomputed last prompt token.
     model = preset(PRESET)
     pull = model.kv_transfer_seconds(PROMPT_TOKENS, 50e9) + model.step_seconds([], 1, 7200)

@@ -50,6 +50,7 @@ def _fleet(rng: random.Random) -> SimPrometheus:
                 engine = EngineFamilies(role, pod)
                 engine.labels.update(SERVICE)
             for _ in range(rng.randint(0, 20)):
+                engine.scheduled(rng.lognormvariate(math.log(0.05), 1.0))
                 engine.first_token(rng.lognormvariate(math.log(0.2), 0.8), rng.randint(1, 4000))
                 engine.finished(rng.lognormvariate(math.log(0.03), 0.8))
             for _ in range(rng.randint(0, 30)):

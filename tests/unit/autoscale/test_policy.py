@@ -718,6 +718,39 @@ def test_a_prefill_pool_working_off_its_queue_learns_no_limit(growth: float, lim
     assert math.isfinite(d.capacity.prefill_bracket.broke) == limit, d.reasons
 
 
+@pytest.mark.parametrize(
+    ("name", "waiting", "growth", "queue_time", "answered"),
+    [
+        # 1.5 s against a 0.99 s budget with nothing queued: a wait of 0.05 s removed leaves
+        # it far over, so the excess is the prompts' own prefill (long prompts) and a replica
+        # more would not shorten it
+        ("nothing queued, waits shorter than the excess", 0.4, 0.0, 0.05, False),
+        ("waits as long as the excess", 0.4, 0.0, 0.8, True),
+        # a queue that forms and drains between scrapes: the gauge reads empty, the waits
+        # counted per request do not
+        ("gauge empty, waits long", 0.0, 0.0, 1.2, True),
+        # a backlog: its quantiles, from different buckets, may differ by more than the
+        # target, so the gauge must be empty too
+        ("a queue of prompts waiting", 3.0, 0.0, 0.05, True),
+        # a queue forming shows in the waits; the gauge's slope alone is noise here
+        ("a queue forming, waits short", 0.4, 0.2, 0.05, False),
+        ("waits unknown", 0.4, 0.0, math.nan, True),
+    ],
+)
+def test_a_ttft_over_target_by_more_than_its_queue_wait_is_not_answered_with_replicas(
+    name: str, waiting: float, growth: float, queue_time: float, answered: bool
+) -> None:
+    # three replicas at 10k each, far under the 30k prior, TTFT 1.5 s against a 1 s target
+    m = replace(queue(30_000, growth, ttft=1.5), num_requests_waiting=waiting)
+    d = decide(CFG, NOW, rr(3), rr(1), window(replace(m, queue_time_s=queue_time)))
+    assert (d.prefill > 3) == answered, (name, d.reasons)
+    assert ("own service time" in d.reasons[0]) == (not answered), (name, d.reasons)
+    # nor is it capacity evidence: the bracket takes nothing from it
+    bracket = d.capacity.prefill_bracket
+    assert (bracket.updated_at_s is None) == (not answered), (name, bracket)
+    assert bracket.held == 0.0 and math.isinf(bracket.broke), (name, bracket)
+
+
 def test_prefill_without_prior_grows_on_violation_then_sizes_on_the_bracket() -> None:
     history = _run_windows(
         NO_PRIOR, [role(prompt=20_000, ttft=0.1)] * 3 + [role(prompt=40_000, ttft=3.0)], (1, 1)

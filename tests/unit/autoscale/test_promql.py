@@ -90,11 +90,19 @@ def test_role_queries_cover_role_metrics_fields() -> None:
         "prompt_tokens_rate_peak",
         "waiting_growth",
         "prompt_arrivals_peak",
+        "queue_time_s",
     }
-    decode = promql.RoleSeries("serving", "llama-8b", "decode")
-    assert set(promql.role_queries(decode, 95, 60)) - set(promql.role_queries(T, 95, 60)) == {
-        "tpot_s"
-    }
+    decode = set(promql.role_queries(promql.RoleSeries("serving", "llama-8b", "decode"), 95, 60))
+    prefill = set(promql.role_queries(T, 95, 60))
+    assert (decode - prefill, prefill - decode) == ({"tpot_s"}, {"queue_time_s"})
+
+
+def test_queue_time_is_the_percentile_of_the_prefill_waits() -> None:
+    q = promql.role_queries(T, 95, 60)["queue_time_s"]
+    assert q == (
+        "histogram_quantile(0.95, sum by (le) "
+        f"(rate(vllm:request_queue_time_seconds_bucket{{{SEL}}}[60s])))"
+    )
 
 
 def test_itl_is_the_exact_window_mean() -> None:
@@ -180,7 +188,7 @@ def test_source_builds_window() -> None:
     fake = _Fake()
     w = PrometheusSource("http://prom", client=fake).window("serving", "llama-8b", 10.0, 95, 60)
     assert w.prefill is not None and w.prefill.prompt_tokens_rate == 2.0
-    assert len(fake.queries) == 23  # 10 per role, decode's TPOT, one SLO histogram per role
+    assert len(fake.queries) == 24  # 10 per role, decode's TPOT, prefill's queue time, 2 SLO
     assert w.ttft_buckets == () and w.tpot_buckets == ()  # answers without `le`
 
 

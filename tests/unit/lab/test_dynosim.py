@@ -115,6 +115,9 @@ def test_prefill_ttft_samples_wait_for_the_queue() -> None:
     assert out[2] == pytest.approx((0.02, 0.8))  # idle the rest of the tick
     assert sum(w for _, w in signals.scaled(out, 10.0)) == pytest.approx(10.0)
     assert signals.scaled(out, 0.0) == []
+    # the queue time is the same waits without the pass, none while idle
+    waits = [v for pair in signals.prefill_queue_samples(passes, tick_s=1.0) for v in pair]
+    assert waits == pytest.approx([0.2, 0.1, 0.0, 0.1, 0.0, 0.8])
 
 
 def test_apply_prefill_counts_tokens_requests_and_first_tokens() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,29 @@ def test_overload_queues_and_misses_ttft() -> None:
     # 8k-token prompts every 0.1 s need ~2 s of prefill per second on one replica
     res = simulate(_wl(300, 0.1, isl=8000), CFG, fixed(1, 1), (1, 1))
     assert res.attainment(1.0, 1.0) < 0.5
+
+
+def test_the_prefill_queue_time_is_the_wait_before_a_first_step() -> None:
+    """Read through the operator's queries: near nothing at light load, the backlog's wait
+    (seconds, and growing) under overload, while TTFT follows it."""
+
+    def waits(wl: traces.Workload) -> list[tuple[float, float]]:
+        seen: list[tuple[float, float]] = []
+
+        def hold(now: float, p: RoleReplicas, d: RoleReplicas, m: MetricsWindow) -> tuple[int, int]:
+            if m.prefill is not None and math.isfinite(m.prefill.queue_time_s):
+                seen.append((m.prefill.queue_time_s, m.prefill.ttft_s))
+            return p.current, d.current
+
+        simulate(wl, CFG, hold, (1, 1))
+        return seen
+
+    light = waits(_wl(300, 0.5))
+    assert light and all(wait < 0.005 < ttft for wait, ttft in light), light
+    heavy = waits(_wl(1500, 0.1, isl=8000))
+    assert len(heavy) > 3 and heavy[-1][0] > 20 and heavy[-1][0] > 2 * heavy[0][0], heavy
+    # the two read from different buckets (vLLM's TTFT bounds, the agent's request latency)
+    assert all(ttft >= 0.5 * wait for wait, ttft in heavy), heavy
 
 
 def test_scale_up_waits_for_startup_and_drain_loses_nothing() -> None:

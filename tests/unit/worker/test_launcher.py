@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pdfleet_worker.launcher import (
-    AGENT_ITL_BUCKETS,
+    AGENT_HISTOGRAM_BUCKETS,
     LaunchConfigError,
     build_vllm_command,
     build_vllm_env,
@@ -43,7 +43,10 @@ def test_prefill_defaults() -> None:
         "--shutdown-timeout",
         "60",
         "--custom-histogram-buckets",
-        json.dumps({"inter_token_latency": list(AGENT_ITL_BUCKETS)}, separators=(",", ":")),
+        json.dumps(
+            {family: list(bounds) for family, bounds in AGENT_HISTOGRAM_BUCKETS.items()},
+            separators=(",", ":"),
+        ),
     ]
     assert build_vllm_env(BASE) == {
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.7",
@@ -124,6 +127,18 @@ def test_itl_buckets_fine_to_100_ms_then_vllms_own() -> None:
     vllm_default += [2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
     assert set(vllm_default) <= set(bounds) and bounds == sorted(set(bounds))
     assert "0.015," in json.dumps(bounds)  # no float noise on the wire (0.015000000000000001)
+
+
+def test_request_latency_buckets_resolve_sub_second_waits_then_vllms_own() -> None:
+    bounds = _buckets(build_vllm_command(BASE))["request_latency"]
+    assert bounds[:11] == [0.005, *(round(0.01 * i, 2) for i in range(1, 11))]
+    # to a second no bucket is wider than 10 ms or a third of its upper bound
+    steps = itertools.pairwise(bounds)
+    assert all(hi - lo <= max(0.01, hi / 3) + 1e-12 for lo, hi in steps if hi <= 1)
+    vllm_default = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0]
+    vllm_default += [60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+    assert set(vllm_default) <= set(bounds) and bounds == sorted(set(bounds))
+    assert "0.07," in json.dumps(bounds)
 
 
 def test_the_users_histogram_buckets_come_last_and_win() -> None:

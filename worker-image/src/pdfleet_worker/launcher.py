@@ -39,6 +39,24 @@ AGENT_ITL_BUCKETS = (
     *(0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0),
 )
 
+# vLLM's request-latency buckets start at 0.3 s, so every queue wait of a sub-second TTFT
+# target falls in the first bucket, whose quantile reads 0.285 s at p95 whatever the waits.
+# The autoscaler compares prefill's queue-time quantile with how far TTFT is over target,
+# so the bounds resolve the waits: every 10 ms to 100 ms, every 25 ms to 300 ms, then
+# vLLM's own bounds. The family also sets e2e, inference, prefill and decode time.
+AGENT_REQUEST_LATENCY_BUCKETS = (
+    0.005,
+    *_every(10_000, 0, 100_000),
+    *_every(25_000, 100_000, 300_000),
+    *(0.4, 0.5, 0.65, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0),
+    *(120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0),
+)
+#: What the agent sets with `--custom-histogram-buckets`, family by family.
+AGENT_HISTOGRAM_BUCKETS = {
+    "inter_token_latency": AGENT_ITL_BUCKETS,
+    "request_latency": AGENT_REQUEST_LATENCY_BUCKETS,
+}
+
 
 class LaunchConfigError(ValueError):
     """The environment does not describe a worker that can start (message names the var)."""
@@ -197,7 +215,7 @@ def build_vllm_command(env: Mapping[str, str]) -> list[str]:
     argv += ["--shutdown-timeout", str(cfg.shutdown_timeout)]
     # Before the extra args: a --custom-histogram-buckets of the user's own comes later and
     # replaces this one, as vLLM's parser keeps a flag's last value.
-    buckets = {"inter_token_latency": list(AGENT_ITL_BUCKETS)}
+    buckets = {family: list(bounds) for family, bounds in AGENT_HISTOGRAM_BUCKETS.items()}
     argv += ["--custom-histogram-buckets", json.dumps(buckets, separators=(",", ":"))]
     if cfg.enable_scale_out:
         argv.append("--enable-scale-out")

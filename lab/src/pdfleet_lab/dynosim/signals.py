@@ -19,7 +19,8 @@ TTFT, ITL). It gives no per-request events. The families follow:
   mean ISL or OSL); prefill TTFT, from each pass's queue: a request arriving during a pass
   waits for the queued tokens at the pass's rate, then its own prefill (PASTA: each pass is
   weighted by its duration, idle time by itself at the mean prompt's prefill time), scaled to
-  the worker's estimated request count; decode TTFT as the KV transfer of the mean prompt
+  the worker's estimated request count; prefill queue time as those waits alone (none while
+  idle); decode TTFT as the KV transfer of the mean prompt
   plus the worker's mean step; per-request time per output token from the worker's passes:
   a request decodes one token per pass of its worker, so one of the mean output length
   that finishes at a pass had the mean time of the passes before it, back one output
@@ -56,28 +57,39 @@ def by_worker(snaps: Sequence[Snapshot]) -> dict[int, list[Snapshot]]:
     return out
 
 
-def prefill_ttft_samples(
-    passes: Sequence[Snapshot], tick_s: float, idle_ttft_s: float
-) -> list[tuple[float, float]]:
-    """(TTFT, weight) of requests arriving at one prefill worker during a tick.
-
-    A pass of wall time w computing n tokens with q tokens queued behind it: an arrival waits
-    q * w / n, then about one pass. The weight is the time the state held (arrivals are
-    spread over time), the idle rest of the tick at `idle_ttft_s`."""
+def prefill_pass_waits(passes: Sequence[Snapshot]) -> list[tuple[float, float]]:
+    """(queue wait, wall time) of each pass of one prefill worker that computed tokens: a
+    pass of wall time w computing n tokens with q tokens queued behind it has an arrival
+    wait q * w / n before its first step."""
     out: list[tuple[float, float]] = []
-    busy = 0.0
     for s in passes:
         wall = float(s["wall_time"])
         tokens = float(s["sum_prefill_tokens"])
-        if wall <= 0 or tokens <= 0:
-            continue
-        busy += wall
-        wait = float(s["sum_queued_prefill_tokens"]) * wall / tokens
-        out.append((wait + wall, wall))
-    idle = tick_s - busy
-    if idle > 0:
-        out.append((idle_ttft_s, idle))
+        if wall > 0 and tokens > 0:
+            out.append((float(s["sum_queued_prefill_tokens"]) * wall / tokens, wall))
     return out
+
+
+def prefill_ttft_samples(
+    passes: Sequence[Snapshot], tick_s: float, idle_ttft_s: float
+) -> list[tuple[float, float]]:
+    """(TTFT, weight) of requests arriving at one prefill worker during a tick: its wait,
+    then about one pass. The weight is the time the state held (arrivals are spread over
+    time), the idle rest of the tick at `idle_ttft_s`."""
+    return _with_idle([(wait + wall, wall) for wait, wall in prefill_pass_waits(passes)],
+                      tick_s, idle_ttft_s)  # fmt: skip
+
+
+def prefill_queue_samples(passes: Sequence[Snapshot], tick_s: float) -> list[tuple[float, float]]:
+    """(queue wait, weight) of the same arrivals: none while the worker idles."""
+    return _with_idle([(wait, wall) for wait, wall in prefill_pass_waits(passes)], tick_s, 0.0)
+
+
+def _with_idle(
+    busy: list[tuple[float, float]], tick_s: float, idle_value: float
+) -> list[tuple[float, float]]:
+    idle = tick_s - sum(w for _, w in busy)
+    return [*busy, (idle_value, idle)] if idle > 0 else busy
 
 
 def scaled(samples: Sequence[tuple[float, float]], count: float) -> list[tuple[float, float]]:
@@ -134,6 +146,8 @@ def apply_prefill(
     engine.prompt_tokens += tokens
     for value, weight in scaled(prefill_ttft_samples(passes, tick_s, idle_ttft_s), requests):
         engine.ttft.observe(value, weight)
+    for value, weight in scaled(prefill_queue_samples(passes, tick_s), requests):
+        engine.queue_time.observe(value, weight)
     # P/D: the prefill engine emits each request's first token and finishes it there.
     if requests > 0:
         engine.generation_tokens += requests

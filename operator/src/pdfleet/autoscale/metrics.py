@@ -115,6 +115,7 @@ def to_role_metrics(values: Mapping[str, float | None]) -> RoleMetrics | None:
         prompt_tokens_rate_peak=get("prompt_tokens_rate_peak"),
         waiting_growth=get("waiting_growth"),
         prompt_arrivals_peak=get("prompt_arrivals_peak"),
+        queue_time_s=get("queue_time_s"),
     )
 
 

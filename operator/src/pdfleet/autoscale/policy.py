@@ -200,6 +200,11 @@ class RoleMetrics:
     # The percentile of per-request time per output token (decode): what an ITL objective
     # counts. NaN when no request finished in the window; the mean ITL then stands in.
     tpot_s: float = math.nan
+    # Prefill: the percentile of the time requests waited in the engine's queue before their
+    # first step (`vllm:request_queue_time_seconds`), the part of TTFT more replicas remove;
+    # NaN when unknown. Counted per request, so a queue that forms and drains between two
+    # scrapes shows here where the waiting gauge misses it.
+    queue_time_s: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -307,6 +312,29 @@ class _RoleView:
     # ITL. The percentile is read from buckets, and its steps inside one bucket would read
     # as a slope; the mean is exact, and it moves with the load as the percentile does.
     learned_latency: float | None = None
+    # Prefill: the percentile of the time requests waited in the queue (None: unknown), and
+    # whether the queue gauge stayed empty (under one waiting on average).
+    # More replicas shorten the waits and nothing else: with the queue empty and a TTFT over
+    # target by more than the waits, the excess is the prompts' own prefill time (long
+    # prompts), which no pool size meets. Either signal alone misleads: the gauge, sampled
+    # at scrapes, misses a burst's queue that forms and drains between two; the two
+    # quantiles come from different buckets, and in a long backlog TTFT's minus the wait's
+    # exceeds the target by the buckets' width alone.
+    queue_time: float | None = None
+    queue_empty: bool = False
+
+    @property
+    def own_time_over_target(self) -> bool:
+        """Over target by more than the queue wait, with nothing queued: the requests' own
+        service time."""
+        excess = self.latency - self.target
+        waits = self.queue_time
+        return excess > 0 and self.queue_empty and waits is not None and waits < excess
+
+    @property
+    def violating(self) -> bool:
+        """Over target for a reason more replicas answer."""
+        return self.latency > self.target and not self.own_time_over_target
 
     @property
     def catching_up(self) -> bool:
@@ -422,6 +450,8 @@ def _views(
             mean_prompt=mean_prompt,
             peak=max(peak, arriving),
             queued=queued,
+            queue_time=p.queue_time_s if _finite(p.queue_time_s) else None,
+            queue_empty=p.num_requests_waiting < 1,
         ),
         "decode": _RoleView(
             demand=decode_arriving,
@@ -552,7 +582,7 @@ def forecast(
     if role == "prefill" and view.mean_prompt > 0:
         # while the target is broken the peak is taken as sustained (the mean lags a step by
         # a whole window)
-        arriving = view.peak if view.latency > view.target else view.demand
+        arriving = view.peak if view.violating else view.demand
         # the backlog a replica started now finds when it is ready: the prompts queued now,
         # plus the excess over the ready replicas until those already starting are ready,
         # then over all of them (negative: the backlog is being worked off)
@@ -588,7 +618,7 @@ def recommend(
     through the window (`settled`) and the queue is not shrinking: else the latency is that
     of a pool that has changed since, or of a backlog already being worked off.
     """
-    violating = view.latency > view.target
+    violating = view.violating
     if capacity is None:
         # Feedback-only until the capacity is known: +1 on violation; down to what a load per
         # replica seen holding the target (`down_limit`) says suffices, else -1 when far below.
@@ -629,6 +659,12 @@ def recommend(
     elif violating:
         n = max(n, current, ready + 1)
         why += f"; latency {view.latency:.3f}s over target {view.target:.3f}s"
+    elif view.own_time_over_target:
+        why += (
+            f"; latency {view.latency:.3f}s over target {view.target:.3f}s by more than the"
+            f" queue wait ({view.queue_time:.3f}s): the requests' own service time, which more"
+            " replicas do not shorten"
+        )
     return n, why
 
 
@@ -805,6 +841,10 @@ def _learn(
         if not stable[r]:
             continue
         v = views[r]
+        if v.own_time_over_target:
+            # the prompts' own time, not a queue: nothing about how close the pool is to full
+            # (counted as holding, it let a pool shrink onto a load it then queued at)
+            continue
         state = last.get(r)
         # "loaded" is judged against the larger of belief and prior, so that an early
         # low estimate cannot make every burst look like a capacity limit
@@ -820,10 +860,8 @@ def _learn(
         )
         out = replace(out, prefill=state) if r == "prefill" else replace(out, decode=state)
     v = views["prefill"]
-    out = remember_burst(
-        out, metrics.at_s, v.peak, v.latency > v.target, fleet["prefill"].ready, config
-    )
-    if stable["prefill"]:
+    out = remember_burst(out, metrics.at_s, v.peak, v.violating, fleet["prefill"].ready, config)
+    if stable["prefill"] and not v.own_time_over_target:  # as for the queue fit above
         bracket = cap.observe_bracket(
             last.prefill_bracket,
             metrics.at_s,
@@ -1010,9 +1048,9 @@ def decide(
     decode_per_replica = caps["decode"] and caps["decode"] * config.utilization("decode")
     dv = views["decode"]
     pv = views["prefill"]
-    came_back = last_cap.lull and not learned.lull and pv.latency > pv.target
+    came_back = last_cap.lull and not learned.lull and pv.violating
     learned = remember_decode_burst(
-        learned, now_s, dv.peak, dv.latency > dv.target, came_back, decode_per_replica, config
+        learned, now_s, dv.peak, dv.violating, came_back, decode_per_replica, config
     )
     # what the current load needs, without the burst insurance below (also how far a role
     # may give GPUs up to a role that violates its target now)
@@ -1078,7 +1116,7 @@ def decide(
             # a scale-down in the middle of a rise would be taken back within the window
             stable[r] = current[r]
             reasons.append(f"{r}: demand rising, not shrinking")
-    violating = {r: views[r].latency > views[r].target for r in ROLES}
+    violating = {r: views[r].violating for r in ROLES}
     for r in ROLES:
         window = config.scale_down_stabilization_s
         if stable[r] > current[r] and not violating[r] and moved(r, -1, now_s, window, history):
