@@ -175,18 +175,17 @@ bench-autoscale-probes: $(STAMP) ## Probe workloads built to show one failure ea
 	$(PY) -m pdfleet_lab.bench P1 --only pdfleet,pdfleet-learned,fixed,clairvoyant \
 		--out docs/benchmarks/autoscale/probes
 bench-autoscale-all: bench-autoscale bench-autoscale-dynosim ## Both simulators on W1-W3 (~30 min); simulators.md puts them side by side.
+# The DynoSim benchmark in its own venv (installed first): workloads and --out follow.
+DYNOSIM_BENCH = $(DYNOSIM_SETUP) && root=$$($(DYNOSIM_SETUP) --print-root) && RUST_LOG=warn \
+	"$$root/venv/bin/python" -m pdfleet_lab.dynosim --table "$$root/timing.npz" --work "$$root/work"
 bench-autoscale-dynosim: $(STAMP) ## pdfleet's policy, fixed splits and the bound in DynoSim (~20 min; BENCH_DYNOSIM_ARGS=W1 W2 W3).
-	$(DYNOSIM_SETUP)
-	root=$$($(DYNOSIM_SETUP) --print-root) && RUST_LOG=warn "$$root/venv/bin/python" -m pdfleet_lab.dynosim \
-		$(BENCH_DYNOSIM_ARGS) --table "$$root/timing.npz" --work "$$root/work" \
-		--out docs/benchmarks/autoscale/dynosim
+	$(DYNOSIM_BENCH) $(BENCH_DYNOSIM_ARGS) --out docs/benchmarks/autoscale/dynosim
 	$(PY) -m pdfleet_lab.sidebyside docs/benchmarks/autoscale
 bench-autoscale-heldout-dynosim: $(STAMP) ## The held-out workloads in DynoSim (~15 min; BENCH_HELDOUT_DYNOSIM_ARGS=H1 ... H8).
-	$(DYNOSIM_SETUP)
-	root=$$($(DYNOSIM_SETUP) --print-root) && RUST_LOG=warn "$$root/venv/bin/python" -m pdfleet_lab.dynosim \
-		$(BENCH_HELDOUT_DYNOSIM_ARGS) --table "$$root/timing.npz" --work "$$root/work" \
-		--out docs/benchmarks/autoscale/heldout/dynosim
+	$(DYNOSIM_BENCH) $(BENCH_HELDOUT_DYNOSIM_ARGS) --out docs/benchmarks/autoscale/heldout/dynosim
 	$(PY) -m pdfleet_lab.sidebyside docs/benchmarks/autoscale/heldout
+bench-autoscale-probes-dynosim: $(STAMP) ## The probe workloads in DynoSim (~20 min, P1).
+	$(DYNOSIM_BENCH) P1 --out docs/benchmarks/autoscale/probes/dynosim
 bench-scale: $(STAMP) toolchain ## 1,000 InferenceServices on the local cluster, measured (BENCH_SCALE_ARGS=--services 100).
 	$(NETNS) $(PY) -m e2e.benchmarks.bench_scale $(BENCH_SCALE_ARGS)
 bench-activator: $(STAMP) ## The activator against the real vllm-router on loopback: added latency, memory, hold (BENCH_ACTIVATOR_ARGS=--requests 40).
@@ -198,4 +197,4 @@ test-faults: $(STAMP) toolchain ## The fault suite: tests/e2e/faults, then the f
 demo: $(STAMP) toolchain ## The demo fleet rebalancing itself under a load shift (DEMO_ARGS=--keep).
 	$(NETNS) $(PY) -m e2e.scenarios.demo $(DEMO_ARGS)
 
-.PHONY: help install toolchain engine registry registry-path kstatus kstatus-path test-image test-engine manifests lint test-unit verify test-integration test-e2e test-scenarios test-drain test-faults test demo bench-scale bench-activator bench-autoscale bench-autoscale-heldout bench-autoscale-probes bench-autoscale-all bench-autoscale-dynosim bench-autoscale-heldout-dynosim
+.PHONY: help install toolchain engine registry registry-path kstatus kstatus-path test-image test-engine manifests lint test-unit verify test-integration test-e2e test-scenarios test-drain test-faults test demo bench-scale bench-activator bench-autoscale bench-autoscale-heldout bench-autoscale-probes bench-autoscale-all bench-autoscale-dynosim bench-autoscale-heldout-dynosim bench-autoscale-probes-dynosim
