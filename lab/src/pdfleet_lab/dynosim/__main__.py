@@ -45,7 +45,7 @@ def _fmt(rows: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pdfleet_lab.dynosim", description=__doc__)
-    ap.add_argument("workloads", nargs="*", default=["W1", "W2", "W3"], help="or H1-H9")
+    ap.add_argument("workloads", nargs="*", default=["W1", "W2", "W3"], help="or H1-H9, P1")
     ap.add_argument("--workloads-dir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("docs/benchmarks/autoscale/dynosim"))
     ap.add_argument("--table", type=Path, required=True, help="the NPZ (built if missing)")
