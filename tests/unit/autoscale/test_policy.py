@@ -14,6 +14,7 @@ from pdfleet.autoscale.policy import (
     PolicyConfig,
     RoleMetrics,
     RoleReplicas,
+    UndoneShrink,
     decide,
     decode_burst_floor,
     fit_budget,
@@ -446,6 +447,38 @@ def test_no_reversal_after_a_scale_down(
 ) -> None:
     d = decide(CFG, NOW, rr(4), rr(1), window(peaky(100_000, 120_000, ttft=ttft)), tuple(history))
     assert (d.prefill > 4) == grows, (name, d.reasons)
+
+
+def test_a_size_that_broke_right_after_a_shrink_to_it_is_not_shrunk_to_again() -> None:
+    # the pool went 4 -> 3 100 s ago, and at 3 TTFT breaks at 33k, a load per replica
+    # (11k) the 30k prior calls light: the size, not the load per replica, broke it
+    shrank = (_hist(NOW - 400, 4, 1), _hist(NOW - 100, 3, 1))
+    broke = decide(CFG, NOW, rr(3), rr(1), window(peaky(33_000, 33_000, ttft=2.0)), shrank)
+    assert broke.prefill >= 4, broke.reasons
+    assert broke.capacity.prefill_undone == UndoneShrink(size=3, load=33_000.0, at_s=NOW)
+    # no record without a shrink to that size within the window before the break
+    grew = decide(CFG, NOW, rr(3), rr(1), window(peaky(33_000, 33_000, ttft=2.0)))
+    assert grew.capacity.prefill_undone is None
+
+    # past the window, 4 replicas meet the target at a little less load; the plan says 3
+    later = NOW + 310
+    steady = window(peaky(30_000, 30_000), at=later)
+
+    def at_four(learned: Capacity) -> Decision:
+        history = (_hist(later - 350, 4, 1, rec_p=2), _hist(later - 15, 4, 1, rec_p=2))
+        history = (history[0], replace(history[1], capacity=learned))
+        return decide(CFG, later, rr(4), rr(1), steady, history)
+
+    assert at_four(replace(broke.capacity, prefill_undone=None)).prefill == 3
+    kept = at_four(broke.capacity)
+    assert kept.prefill == 4 and any("after a shrink to it" in r for r in kept.reasons), kept
+    # a load well under the one it broke at lets it go
+    lighter = decide(
+        CFG, later, rr(4), rr(1), window(peaky(20_000, 20_000), at=later),
+        (_hist(later - 350, 4, 1, rec_p=2), replace(_hist(later - 15, 4, 1, rec_p=2),
+                                                    capacity=broke.capacity)),
+    )  # fmt: skip
+    assert lighter.prefill == 3, lighter.reasons
 
 
 def _demanding(at: float, p: int, prompt: float) -> Decision:

@@ -266,9 +266,35 @@ class Capacity:
     decode_burst: float = 0.0
     decode_burst_until_s: float | None = None
     decode_burst_hold_s: float | None = None
+    # Per role, the last pool size that broke its target soon after the role shrank to it.
+    prefill_undone: UndoneShrink | None = None
+    decode_undone: UndoneShrink | None = None
 
     def get(self, role: Role) -> cap.RoleCapacity:
         return self.prefill if role == "prefill" else self.decode
+
+    def undone(self, role: Role) -> UndoneShrink | None:
+        return self.prefill_undone if role == "prefill" else self.decode_undone
+
+
+@dataclass(frozen=True)
+class UndoneShrink:
+    """A pool size that broke its target within the scale-down stabilization window after
+    the role shrank to it, and the lowest sizing load it broke at. The load per replica a
+    capacity model reads does not always say what a pool of that size holds (prompts queued
+    behind long ones wait longer on fewer replicas at the same load per replica); the shrink
+    that was undone says it directly."""
+
+    size: int
+    load: float
+    at_s: float
+
+    def load_at(self, at_s: float, half_life_s: float) -> float:
+        """The load it broke at, relaxed upwards as the evidence ages, as slowly as a
+        bracket's `held` decays: past the burst memory, so a window between bursts does
+        not let the pool shrink back onto the size that broke."""
+        f = cap.fade(max(0.0, at_s - self.at_s), half_life_s) ** 0.25
+        return self.load / f if f > 0 else math.inf
 
 
 @dataclass(frozen=True)
@@ -1000,6 +1026,45 @@ def remember_decode_burst(
     return learned
 
 
+def remember_undone_shrink(
+    learned: Capacity,
+    role: Role,
+    view: _RoleView,
+    fleet: RoleReplicas,
+    shrank: bool,
+    at_s: float,
+    half_life_s: float,
+) -> Capacity:
+    """Record the size a role broke its target at when it `shrank` to it within the window
+    (the ready count caught up with it), keeping the lowest load it broke at. A break later
+    than that is the load's doing as much as the size's, which the burst memory answers."""
+    size = fleet.ready
+    if not (view.violating and shrank and 0 < size == fleet.current):
+        return learned
+    load = view.peak
+    old = learned.undone(role)
+    if old is not None and old.size == size:
+        load = min(load, old.load_at(at_s, half_life_s))
+    record = UndoneShrink(size=size, load=load, at_s=at_s)
+    if role == "prefill":
+        return replace(learned, prefill_undone=record)
+    return replace(learned, decode_undone=record)
+
+
+def undone_floor(
+    role: Role, learned: Capacity, load: float, at_s: float, config: PolicyConfig
+) -> int:
+    """The smallest pool the last undone shrink allows at this sizing load: one more than
+    the size that broke, while the load is within the scale-down margin of what it broke
+    at; else 0."""
+    record = learned.undone(role)
+    if record is None:
+        return 0
+    if load < config.scale_down_margin * record.load_at(at_s, config.capacity_half_life_s):
+        return 0
+    return record.size + 1
+
+
 def decode_burst_floor(learned: Capacity, at_s: float, per_replica: float | None) -> int:
     """Decode replicas the remembered burst needs while its hold lasts, else 0."""
     until = learned.decode_burst_until_s
@@ -1052,6 +1117,11 @@ def decide(
     learned = remember_decode_burst(
         learned, now_s, dv.peak, dv.violating, came_back, decode_per_replica, config
     )
+    for r in ROLES:
+        shrank = moved(r, -1, now_s, config.scale_down_stabilization_s, history)
+        learned = remember_undone_shrink(
+            learned, r, views[r], fleet[r], shrank, now_s, config.capacity_half_life_s
+        )
     # what the current load needs, without the burst insurance below (also how far a role
     # may give GPUs up to a role that violates its target now)
     recs: dict[Role, int] = {}
@@ -1111,6 +1181,17 @@ def decide(
     if stable["decode"] < floor:
         stable["decode"] = floor
         reasons.append(f"decode: burst {learned.decode_burst:.0f}/s that broke ITL needs {floor}")
+    for r in ROLES:
+        load = views[r].peak
+        floor = undone_floor(r, learned, load, now_s, config)
+        if stable[r] < min(current[r], floor):
+            stable[r] = min(current[r], floor)
+            undone = learned.undone(r)
+            assert undone is not None
+            reasons.append(
+                f"{r}: {undone.size} broke the target at {undone.load:.0f}/s after a shrink"
+                f" to it; load {load:.0f}/s keeps {stable[r]}"
+            )
     for r in ROLES:
         if stable[r] < current[r] and rising(r, views[r].demand, now_s, metrics.window_s, history):
             # a scale-down in the middle of a rise would be taken back within the window
