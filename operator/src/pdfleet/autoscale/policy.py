@@ -291,8 +291,8 @@ class UndoneShrink:
 
     def load_at(self, at_s: float, half_life_s: float) -> float:
         """The load it broke at, relaxed upwards as the evidence ages, as slowly as a
-        bracket's `held` decays: past the burst memory, so a window between bursts does
-        not let the pool shrink back onto the size that broke."""
+        bracket's `held` decays (it doubles in four half-lives): a record that does not
+        fade would keep the pool one replica larger at any load near it for good."""
         f = cap.fade(max(0.0, at_s - self.at_s), half_life_s) ** 0.25
         return self.load / f if f > 0 else math.inf
 
