@@ -462,22 +462,17 @@ def test_a_size_that_broke_right_after_a_shrink_to_it_is_not_shrunk_to_again() -
 
     # past the window, 4 replicas meet the target at a little less load; the plan says 3
     later = NOW + 310
-    steady = window(peaky(30_000, 30_000), at=later)
 
-    def at_four(learned: Capacity) -> Decision:
+    def at_four(learned: Capacity, load: float = 30_000) -> Decision:
         history = (_hist(later - 350, 4, 1, rec_p=2), _hist(later - 15, 4, 1, rec_p=2))
         history = (history[0], replace(history[1], capacity=learned))
-        return decide(CFG, later, rr(4), rr(1), steady, history)
+        return decide(CFG, later, rr(4), rr(1), window(peaky(load, load), at=later), history)
 
     assert at_four(replace(broke.capacity, prefill_undone=None)).prefill == 3
     kept = at_four(broke.capacity)
     assert kept.prefill == 4 and any("after a shrink to it" in r for r in kept.reasons), kept
     # a load well under the one it broke at lets it go
-    lighter = decide(
-        CFG, later, rr(4), rr(1), window(peaky(20_000, 20_000), at=later),
-        (_hist(later - 350, 4, 1, rec_p=2), replace(_hist(later - 15, 4, 1, rec_p=2),
-                                                    capacity=broke.capacity)),
-    )  # fmt: skip
+    lighter = at_four(broke.capacity, load=20_000)
     assert lighter.prefill == 3, lighter.reasons
 
 
