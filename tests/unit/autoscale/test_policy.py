@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from pdfleet.autoscale import capacity as cap
 from pdfleet.autoscale.policy import (
     Capacity,
     Decision,
@@ -500,6 +501,41 @@ def test_no_scale_down_while_demand_rises(name: str, before: float, now: float, 
     d = decide(CFG, NOW, rr(4), rr(1), window(peaky(now, now)), history)
     assert d.prefill == want, (name, d.reasons)
     assert ("prefill: demand rising, not shrinking" in d.reasons) == (want == 4), d.reasons
+
+
+def _decode_on_its_curve(gen: float, replicas: int) -> RoleMetrics:
+    """A decode window on the curve ITL = 5 ms / (1 - x / 15k tokens/s a replica)."""
+    itl = 0.005 / (1 - gen / replicas / 15_000)
+    return replace(role(prompt=0.0, ttft=0.01, itl=itl, gen=gen), tpot_s=itl)
+
+
+@pytest.mark.parametrize(
+    ("name", "before", "want"),
+    [
+        ("falling: one step down", 9_000, 1),
+        # rising 200 tokens/s a minute: 7.45k a start-up and an interval ahead, which one
+        # replica carries under 80 % of the target (8.75k on the curve)
+        ("rising slowly: one step down", 6_800, 1),
+        # rising 2k a minute: 11.5k by the time a replica could be back
+        ("rising fast: no step down", 5_000, 2),
+    ],
+)
+def test_decode_shrinks_during_a_rise_the_smaller_pool_carries_a_start_up_ahead(
+    name: str, before: float, want: int
+) -> None:
+    fit = cap.RoleCapacity()
+    for i, gen in enumerate((4_000.0, 6_000.0, 8_000.0, 9_000.0)):
+        fit = cap.observe(fit, NOW - 400 + i, gen, _decode_on_its_curve(gen, 1).tpot_s, 0.015, 900)
+
+    def seen(at: float) -> Decision:
+        d = _hist(at, 2, 2, rec_d=1)
+        assert d.observed is not None
+        return replace(d, observed=replace(d.observed, decode_demand=before))
+
+    history = (seen(NOW - 400), replace(seen(NOW - 60), capacity=Capacity(decode=fit)))
+    d = decide(CFG, NOW, rr(2), rr(2), window(decode=_decode_on_its_curve(7_000, 2)), history)
+    assert d.decode == want, (name, d.reasons)
+    assert ("decode: demand rising, not shrinking" in d.reasons) == (want == 2), d.reasons
 
 
 def test_busiest_recent_burst_keeps_prefill_and_decays_with_its_own_half_life() -> None:

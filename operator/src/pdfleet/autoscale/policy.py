@@ -30,7 +30,8 @@ has the details and the reasons:
 7. Stabilize like the HPA, and never reverse a role's direction inside the scale-down
    stabilization window (a role that grew does not shrink; one that shrank grows back only
    on a violated target); bound each step. A role does not shrink while its demand is
-   still rising (the last window's mean above the one before).
+   still rising (the last window's mean above the one before), unless (decode only) the
+   smaller pool carries the rise at its pace for one start-up and interval.
 8. Clamp to min/max, then fit the GPU budget, giving GPUs to the most loaded role and moving
    GPUs from a role with slack to one that violates.
 """
@@ -506,13 +507,31 @@ def _stable_ready(
     return True
 
 
-def rising(
-    role: Role, demand: float, now_s: float, window_s: float, history: Sequence[Decision]
+def rising_past(
+    role: Role,
+    view: _RoleView,
+    smaller: float | None,
+    now_s: float,
+    window_s: float,
+    config: PolicyConfig,
+    history: Sequence[Decision],
 ) -> bool:
     """True when the role's demand (window mean) is above that of the window before (the
-    latest decision at least one window old): a load still rising takes a scale-down back."""
-    before = [h.observed for h in history if h.observed is not None and now_s - h.at_s >= window_s]
-    return bool(before) and demand > before[-1].demand(role)
+    latest decision at least one window old) and, rising at that pace for one lookahead,
+    would take its sizing load past `smaller`, what the smaller pool carries (None: past
+    anything). A shrink the rise undoes before a replica could be back is not taken."""
+    before = [h for h in history if h.observed is not None and now_s - h.at_s >= window_s]
+    if not before:
+        return False
+    last = before[-1]
+    assert last.observed is not None
+    rise = view.demand - last.observed.demand(role)
+    if not rise > 0:
+        return False
+    if smaller is None:
+        return True
+    pace = rise / max(now_s - last.at_s, window_s)
+    return view.peak + pace * config.lookahead_s > smaller
 
 
 def _trend(
@@ -1193,7 +1212,13 @@ def decide(
                 f" to it; load {load:.0f}/s keeps {stable[r]}"
             )
     for r in ROLES:
-        if stable[r] < current[r] and rising(r, views[r].demand, now_s, metrics.window_s, history):
+        # decode's load rises at a pace a smaller pool can be checked against; prefill's
+        # comes in bursts, whose next peak no pace foretells
+        limit = limits[r] if r == "decode" else None
+        smaller = limit * stable[r] if limit else None
+        if stable[r] < current[r] and rising_past(
+            r, views[r], smaller, now_s, metrics.window_s, config, history
+        ):
             # a scale-down in the middle of a rise would be taken back within the window
             stable[r] = current[r]
             reasons.append(f"{r}: demand rising, not shrinking")
