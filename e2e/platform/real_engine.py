@@ -12,7 +12,9 @@ router's metrics and the operator's status, never from the test's own bookkeepin
 from __future__ import annotations
 
 import contextlib
+import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -181,6 +183,35 @@ def error_lines(log_dir: Path, per_file: int = 12) -> str:
         if errors:
             excerpts.append(f"--- {log.parent.name}/{log.name}\n" + "\n".join(errors[-per_file:]))
     return "\n".join(excerpts) or f"(no error lines in the logs under {log_dir})"
+
+
+#: What vLLM names its processes (setproctitle) and how its API server is started.
+_VLLM_PROCESS_MARKS = ("VLLM::", "bin/vllm serve")
+
+
+def engine_stacks(py_spy: str | None = None) -> str:
+    """The Python stacks of every vLLM process on the machine (API servers, engine cores,
+    workers), from py-spy: what a request stuck inside an engine was waiting on. The tier's
+    stalls last until the next request reaches the engines, so a dump taken when a test
+    fails on one still shows it."""
+    spy = py_spy or shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    dumps = []
+    for proc in sorted(Path("/proc").glob("[0-9]*"), key=lambda p: int(p.name)):
+        try:
+            cmdline = proc.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:  # exited meanwhile
+            continue
+        if not any(mark in cmdline for mark in _VLLM_PROCESS_MARKS):
+            continue
+        try:
+            dump = subprocess.run(
+                [spy, "dump", "--pid", proc.name], capture_output=True, text=True, timeout=30
+            )
+            text = dump.stdout + dump.stderr
+        except (OSError, subprocess.TimeoutExpired) as err:
+            text = f"py-spy failed: {err}"
+        dumps.append(f"--- pid {proc.name}: {cmdline[:120]}\n{text.strip()}")
+    return "\n".join(dumps) or "(no vLLM process running)"
 
 
 @dataclass(frozen=True)

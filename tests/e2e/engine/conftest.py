@@ -9,13 +9,15 @@
 * ``pace`` (session): how fast those engines answer today, from which every wait for an
   engine's answer is derived.
 
+A failed test's report carries the Python stacks of every vLLM process (py-spy).
+
 Every test here is marked ``e2e``. Run them inside the private network namespace:
 ``e2e/platform/netns.sh .venv/bin/pytest tests/e2e/engine``. A missing engine, toolchain or
 namespace is a failure, never a skip."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from e2e.platform.real_engine import (
     Pace,
     deployed_engine_service,
     engine_root,
+    engine_stacks,
     measure_pace,
 )
 from e2e.platform.service import Service
@@ -41,6 +44,18 @@ HERE = Path(__file__).resolve().parent
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark everything collected from this folder as ``e2e``."""
     mark_folder(items, HERE, pytest.mark.e2e)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test reports where every vLLM process stood: an engine that stalls on this
+    machine does so rarely, and its stacks are the evidence the logs lack."""
+    report = yield
+    if report.when == "call" and report.failed:
+        report.sections.append(("vLLM processes at the failure", engine_stacks()))
+    return report
 
 
 @pytest.fixture(scope="session")
