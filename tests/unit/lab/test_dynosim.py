@@ -309,6 +309,15 @@ def test_wall_cap_grows_with_the_trace() -> None:
     assert harness.wall_cap(s, 10_000, policy=True) > harness.wall_cap(s, 10_000, policy=False)
 
 
+def test_the_policy_runs_start_where_the_command_line_says() -> None:
+    from pdfleet_lab.dynosim.__main__ import parse_args, settings_of
+
+    fixed = ["--table", "t.npz", "--work", "w"]
+    assert settings_of(parse_args(fixed)).initial == (2, 1)
+    larger = settings_of(parse_args([*fixed, "--initial-prefill", "4", "--initial-decode", "2"]))
+    assert larger.initial == (4, 2) and larger.table == "t.npz"
+
+
 def _answer(good: int, gpu_h: float, events: list[list[Any]]) -> dict[str, Any]:
     return {
         "report": {

@@ -43,7 +43,7 @@ def _fmt(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m pdfleet_lab.dynosim", description=__doc__)
     ap.add_argument("workloads", nargs="*", default=["W1", "W2", "W3"], help="or H1-H9, P1")
     ap.add_argument("--workloads-dir", type=Path, default=None)
@@ -51,7 +51,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table", type=Path, required=True, help="the NPZ (built if missing)")
     ap.add_argument("--work", type=Path, required=True, help="scratch folder for trace files")
     ap.add_argument("--jobs", type=int, default=2, help="replay processes")
-    args = ap.parse_args(argv)
+    # the policy runs' starting fleet (fixed splits and the bound do not depend on it)
+    ap.add_argument("--initial-prefill", type=int, default=harness.Settings.initial[0])
+    ap.add_argument("--initial-decode", type=int, default=harness.Settings.initial[1])
+    return ap.parse_args(argv)
+
+
+def settings_of(args: argparse.Namespace) -> harness.Settings:
+    return harness.Settings(
+        table=str(args.table), initial=(args.initial_prefill, args.initial_decode)
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     t0 = time.perf_counter()
     if not args.table.exists():
         print(f"building the timing table {args.table}", flush=True)
@@ -60,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             check=True,
         )
     timing = load_timing(args.table)
-    settings = harness.Settings(table=str(args.table))
+    settings = settings_of(args)
     wdir = args.workloads_dir or bench._default_workloads_dir()
     traces = [harness.trace_file(w, wdir, args.work) for w in args.workloads]
     cal = calibration(timing, settings)
