@@ -55,6 +55,7 @@ WORKLOAD_SLOS = {
 STEP_RPS, STEP_FACTOR, STEP_AT_S, STEP_END_S = 4.0, 10.0, 1200.0, 2400.0
 ALL_RUNS = ("pdfleet", "pdfleet-learned", "threshold", "planner", "fixed", "clairvoyant")
 TARGET = 0.95
+INITIAL_FLEET = (2, 1)  # prefill, decode replicas the policy runs start from
 # (key, start-up paid, every window at the target) of each clairvoyant plan written out
 BOUNDS = (
     ("clairvoyant", False, False),
@@ -437,6 +438,13 @@ def _default_workloads_dir() -> Path:
     return Path("../shared/traces/workloads")
 
 
+def add_initial_fleet(ap: argparse.ArgumentParser) -> None:
+    """The policy runs' starting fleet, the same options and default in both simulators'
+    benchmarks (fixed splits and the plain bound do not depend on it)."""
+    ap.add_argument("--initial-prefill", type=int, default=INITIAL_FLEET[0])
+    ap.add_argument("--initial-decode", type=int, default=INITIAL_FLEET[1])
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m pdfleet_lab.bench", description=__doc__.split("\n")[0]
@@ -473,8 +481,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the spec's scaleDownStabilization, s: the policy's memory follows it",
     )
     ap.add_argument("--speedup", type=float, default=1.0, help="time compression of the trace")
-    ap.add_argument("--initial-prefill", type=int, default=2)
-    ap.add_argument("--initial-decode", type=int, default=1)
+    add_initial_fleet(ap)
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args(argv)
     args.only = {s.strip() for s in args.only.split(",") if s.strip()}

@@ -51,9 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--table", type=Path, required=True, help="the NPZ (built if missing)")
     ap.add_argument("--work", type=Path, required=True, help="scratch folder for trace files")
     ap.add_argument("--jobs", type=int, default=2, help="replay processes")
-    # the policy runs' starting fleet (fixed splits and the bound do not depend on it)
-    ap.add_argument("--initial-prefill", type=int, default=harness.Settings.initial[0])
-    ap.add_argument("--initial-decode", type=int, default=harness.Settings.initial[1])
+    bench.add_initial_fleet(ap)
     return ap.parse_args(argv)
 
 

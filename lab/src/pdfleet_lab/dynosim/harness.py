@@ -56,7 +56,7 @@ class Settings:
     scrape_interval_s: float = 15.0
     window_s: float = 60.0
     percentile: float = 95.0
-    initial: tuple[int, int] = (2, 1)
+    initial: tuple[int, int] = bench.INITIAL_FLEET
     kv_bandwidth_gbps: float = 50.0
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
